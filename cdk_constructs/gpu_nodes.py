@@ -1,0 +1,115 @@
+"""The EFA-enabled GPU managed node group, in one subnet and one cluster placement group."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from constructs import Construct
+
+from cdk_constructs.launch_template import LT, node_launch_template_data
+
+GPU_NODE_LABELS: Mapping[str, str] = {"role": "gpu-worker"}
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "true"
+
+
+def gpu_toleration() -> dict[str, str]:
+    """The toleration a pod needs to land on a GPU node."""
+    return {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+
+
+class EfaGpuNodes(Construct):
+    """GPU nodes with one EFA interface each, tainted so only GPU pods land there.
+
+    Args:
+        cluster: the cluster the nodes join; its security group goes on the EFA
+            interface, since interface security groups replace the ones EKS adds.
+        vpc: the VPC of the EFA security group.
+        subnet: the one subnet (and so one AZ) every EFA node shares.
+        instance_type: an EFA-capable GPU type; default "g6.8xlarge".
+        node_count: fixed size of the group; default 2 (one prefill, one decode).
+        volume_gib: root volume, gp3, encrypted; default 300.
+        placement_group: put the nodes in a new cluster placement group; default True.
+        capacity_reservation_id: launch into this EC2 capacity reservation; default None.
+        pods_reach_imds: IMDS hop limit 2 instead of 1; default False.
+
+    Attributes:
+        nodegroup, efa_security_group, placement_group (or None), launch_template,
+        labels (for nodeSelectors).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster: eks.Cluster,
+        vpc: ec2.IVpc,
+        subnet: ec2.ISubnet,
+        instance_type: str = "g6.8xlarge",
+        node_count: int = 2,
+        volume_gib: int = 300,
+        placement_group: bool = True,
+        capacity_reservation_id: str | None = None,
+        pods_reach_imds: bool = False,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.labels: Mapping[str, str] = dict(GPU_NODE_LABELS)
+
+        # EFA's SRD traffic must be allowed to and from the group itself, in
+        # both directions; nothing else is opened. With allow_all_outbound=False
+        # CDK keeps the self egress rule (with True it would drop it silently).
+        self.efa_security_group = ec2.SecurityGroup(
+            self,
+            "EfaSecurityGroup",
+            vpc=vpc,
+            description="EFA: all traffic to and from members of this group only",
+            allow_all_outbound=False,
+        )
+        self.efa_security_group.connections.allow_internally(ec2.Port.all_traffic(), "EFA within the group")
+
+        self.placement_group: ec2.CfnPlacementGroup | None = None
+        extra: dict[str, Any] = {}
+        if placement_group:
+            self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+            extra["placement"] = LT.PlacementProperty(group_name=self.placement_group.ref)
+        if capacity_reservation_id:
+            extra["capacity_reservation_specification"] = LT.CapacityReservationSpecificationProperty(
+                capacity_reservation_target=LT.CapacityReservationTargetProperty(
+                    capacity_reservation_id=capacity_reservation_id
+                )
+            )
+        # The L2 LaunchTemplate cannot declare an EFA interface; the subnet
+        # stays on the node group, never here.
+        extra["network_interfaces"] = [
+            LT.NetworkInterfaceProperty(
+                device_index=0,
+                network_card_index=0,
+                interface_type="efa",
+                delete_on_termination=True,
+                groups=[cluster.cluster_security_group_id, self.efa_security_group.security_group_id],
+            )
+        ]
+        data = node_launch_template_data(volume_gib=volume_gib, pods_reach_imds=pods_reach_imds, **extra)
+        self.launch_template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data=data)
+
+        self.nodegroup = cluster.add_nodegroup_capacity(
+            "GpuNodes",
+            # aws-cdk would pick an AL2 GPU AMI for g6; AL2 has no 1.33+ AMIs.
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
+            instance_types=[ec2.InstanceType(instance_type)],
+            min_size=node_count,
+            desired_size=node_count,
+            max_size=node_count,
+            labels=dict(self.labels),
+            taints=[eks.TaintSpec(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE, effect=eks.TaintEffect.NO_SCHEDULE)],
+            subnets=ec2.SubnetSelection(subnets=[subnet]),
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=self.launch_template.ref, version=self.launch_template.attr_latest_version_number
+            ),
+            # Two fixed GPUs: replace one node at a time.
+            max_unavailable=1,
+        )

@@ -1,0 +1,165 @@
+"""The Ray Serve LLM application and its RayService, built from data and settings.
+
+The invariant parts are the YAML files beside this module; this code fills in
+only what follows from the settings, so every value has one home.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from settings import Settings
+from settings.catalog import IMAGE_RAY_VERSION
+
+HERE = Path(__file__).parent
+SIDES: tuple[str, str] = ("prefill", "decode")
+SERVE_PORT = 8000
+HF_TOKEN_SECRET = "hf-token"  # noqa: S105 - a Secret's name, not a token
+HF_TOKEN_SECRET_KEY = "token"  # noqa: S105 - a key name
+
+
+@functools.cache
+def _data(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((HERE / name).read_text(encoding="utf-8"))
+    return loaded
+
+
+def application_data() -> dict[str, Any]:
+    """A copy of pd_application.yaml."""
+    return copy.deepcopy(_data("pd_application.yaml"))
+
+
+def rayservice_data() -> dict[str, Any]:
+    """A copy of rayservice.yaml."""
+    return copy.deepcopy(_data("rayservice.yaml"))
+
+
+def kv_buffer_device(settings: Settings) -> str:
+    """Where NIXL stages KV blocks: GPU memory only where EFA can reach it (GPUDirect RDMA)."""
+    return "cuda" if settings.gpu_instance.gpudirect_rdma else "cpu"
+
+
+def replicas(settings: Settings, side: str) -> int:
+    return settings.prefill_replicas if side == "prefill" else settings.decode_replicas
+
+
+def llm_config(settings: Settings, side: str) -> dict[str, Any]:
+    """The Ray LLMConfig of one side, as the dict serveConfigV2 carries."""
+    data = application_data()
+    config: dict[str, Any] = data["llm_config"]
+    engine = config["engine_kwargs"]
+    engine["max_model_len"] = settings.max_model_len
+    engine["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    kv = engine["kv_transfer_config"]
+    kv["engine_id"] = data["sides"][side]["engine_id"]
+    kv["kv_buffer_device"] = kv_buffer_device(settings)
+    for bundle in config["placement_group_config"]["bundles"]:
+        bundle[side] = 1
+    config["model_loading_config"] = {
+        "model_id": settings.model_id,
+        "model_source": settings.model_source or settings.model_id,
+    }
+    config["accelerator_type"] = settings.gpu_instance.ray_accelerator_type
+    config["deployment_config"] = {"num_replicas": replicas(settings, side)}
+    return config
+
+
+def serve_application(settings: Settings) -> dict[str, Any]:
+    """One Serve application running build_pd_openai_app."""
+    app: dict[str, Any] = application_data()["application"]
+    app["args"] = {f"{side}_config": llm_config(settings, side) for side in SIDES}
+    return app
+
+
+def serve_config(settings: Settings) -> dict[str, Any]:
+    """The document serveConfigV2 holds (Ray Serve's ServeDeploySchema)."""
+    return {"applications": [serve_application(settings)]}
+
+
+def serve_config_v2(settings: Settings) -> str:
+    """serveConfigV2 as YAML text, as KubeRay expects it."""
+    return yaml.safe_dump(serve_config(settings), sort_keys=False)
+
+
+def _worker_env(settings: Settings, base: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    env = list(base)
+    if settings.gpu_instance.gpudirect_rdma:
+        # Only where the device has RDMA: on G6 this would abort libfabric.
+        env.append({"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"})
+    return env
+
+
+def _token_env(settings: Settings) -> list[dict[str, Any]]:
+    if settings.hf_token_secret_name is None:
+        return []
+    # From a Kubernetes Secret only: serveConfigV2 is plain text in the custom resource.
+    ref = {"name": HF_TOKEN_SECRET, "key": HF_TOKEN_SECRET_KEY}
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
+
+
+def worker_resources(settings: Settings) -> dict[str, str]:
+    """What one worker pod asks for: the GPU, the EFA device, most of the node's CPU and memory.
+
+    The rest is left to the kubelet's reservations, the DaemonSets (VPC CNI,
+    kube-proxy, device plugins, Pod Identity agent) and EFA's huge pages.
+    """
+    gpu = settings.gpu_instance
+    return {
+        "cpu": str(gpu.vcpus - 4),
+        "memory": f"{int(gpu.memory_gib * 0.75)}Gi",
+        "nvidia.com/gpu": "1",
+        "vpc.amazonaws.com/efa": "1",
+    }
+
+
+def rayservice(
+    settings: Settings,
+    *,
+    system_node_labels: dict[str, str],
+    gpu_node_labels: dict[str, str],
+    gpu_toleration: dict[str, str],
+) -> dict[str, Any]:
+    """The RayService manifest (ray.io/v1) that runs the application."""
+    doc = rayservice_data()
+    doc["metadata"] = {"name": settings.service_name, "namespace": settings.serving_namespace}
+    spec = doc["spec"]
+    spec["serveConfigV2"] = serve_config_v2(settings)
+    cluster = spec["rayClusterConfig"]
+    cluster["rayVersion"] = IMAGE_RAY_VERSION
+
+    head_pod = cluster["headGroupSpec"]["template"]["spec"]
+    head_pod["nodeSelector"] = dict(system_node_labels)
+    head = head_pod["containers"][0]
+    head["image"] = settings.ray_image
+    head["env"] = _token_env(settings)
+
+    template = cluster.pop("workerGroupTemplate")
+    groups = []
+    for side in SIDES:
+        group = copy.deepcopy(template)
+        count = replicas(settings, side)
+        group.update({"groupName": side, "replicas": count, "minReplicas": count, "maxReplicas": count})
+        # The custom resource each side's placement bundles ask for.
+        group["rayStartParams"]["resources"] = json.dumps(json.dumps({side: 1}))
+        pod = group["template"]["spec"]
+        pod["nodeSelector"] = dict(gpu_node_labels)
+        pod["tolerations"] = [dict(gpu_toleration)]
+        container = pod["containers"][0]
+        container["image"] = settings.ray_image
+        container["env"] = _worker_env(settings, container.get("env", [])) + _token_env(settings)
+        resources = worker_resources(settings)
+        container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
+        groups.append(group)
+    cluster["workerGroupSpecs"] = groups
+    return doc
+
+
+def serve_service_name(settings: Settings) -> str:
+    """The Service KubeRay creates for the Serve endpoint (port 8000)."""
+    return f"{settings.service_name}-serve-svc"

@@ -1,0 +1,173 @@
+"""Reference tables the settings are checked against and derived from.
+
+Every constant here has its source next to it. Versions that move together
+(Kubernetes and its kubectl layer, each Helm chart and its version, the Ray
+version of the container image) live here once, so an upgrade is one edit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+# --- Kubernetes ------------------------------------------------------------
+# EKS creates clusters on versions in standard or extended support
+# (AWS EKS user guide, "kubernetes-versions"; ../shared/FACTS.md). On
+# 2026-11-30 that is 1.32 to 1.36; 1.31 left extended support on 2026-11-26.
+# Each version is paired with the PyPI package of its kubectl Lambda layer.
+KUBERNETES_VERSIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "1.32": "aws_cdk.lambda_layer_kubectl_v32",
+        "1.33": "aws_cdk.lambda_layer_kubectl_v33",
+        "1.34": "aws_cdk.lambda_layer_kubectl_v34",
+        "1.35": "aws_cdk.lambda_layer_kubectl_v35",
+        "1.36": "aws_cdk.lambda_layer_kubectl_v36",
+    }
+)
+DEFAULT_KUBERNETES_VERSION = "1.36"
+
+
+# --- Helm charts -----------------------------------------------------------
+@dataclass(frozen=True)
+class HelmChartPin:
+    """A Helm chart pinned to one version, installed under a fixed release name."""
+
+    chart: str
+    repository: str
+    version: str
+    release: str
+    namespace: str
+
+
+# Versions chosen in issue 2; the default values.yaml of each is kept in
+# ../shared/helm-values/ so tests can prove every value we set is one the chart reads.
+KUBERAY_OPERATOR = HelmChartPin(
+    chart="kuberay-operator",
+    repository="https://ray-project.github.io/kuberay-helm/",
+    version="1.7.0",
+    release="kuberay-operator",
+    namespace="kuberay-system",
+)
+NVIDIA_DEVICE_PLUGIN = HelmChartPin(
+    chart="nvidia-device-plugin",
+    repository="https://nvidia.github.io/k8s-device-plugin",
+    version="0.20.0",
+    release="nvidia-device-plugin",
+    namespace="kube-system",
+)
+EFA_DEVICE_PLUGIN = HelmChartPin(
+    chart="aws-efa-k8s-device-plugin",
+    repository="https://aws.github.io/eks-charts",
+    version="v0.5.30",
+    release="aws-efa-k8s-device-plugin",
+    namespace="kube-system",
+)
+
+
+# --- Container image ---------------------------------------------------------
+# AWS Ray LLM Deep Learning Container v1.0 (aws/deep-learning-containers,
+# docs/ray-llm, changelog 2026-08-31): Ray 2.58.0, vLLM 0.26.0, EFA libfabric,
+# FI_PROVIDER=efa. The tests validate the serve config with ray[serve,llm]
+# at IMAGE_RAY_VERSION (requirements-serve.txt pins the same number; a test
+# checks they agree).
+DEFAULT_RAY_IMAGE = "public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0"
+IMAGE_RAY_VERSION = "2.58.0"
+
+
+# --- Instances ---------------------------------------------------------------
+@dataclass(frozen=True)
+class InstanceSpec:
+    """What the stack needs to know about one EC2 instance type."""
+
+    vcpus: int
+    memory_gib: int
+    efa_interfaces: int
+    gpus: int
+    gpu_model: str
+    # Per GPU, what CUDA can allocate (less than the marketing figure).
+    gpu_memory_gib: float
+    gpudirect_rdma: bool
+    network_gbps: float
+    # Dense BF16 tensor TFLOPS per GPU (no sparsity), for the prefill estimate.
+    gpu_bf16_tflops: float
+    # Ray's accelerator_type name for the GPU (ray.util.accelerators).
+    ray_accelerator_type: str
+
+
+# Sources: EC2 instance type pages (accelerated computing; network
+# specifications; EFA supported instance types), ../shared/FACTS.md
+# (g6.8xlarge, m7i.xlarge, GPUDirect RDMA only on p4d and later:
+# aws/aws-ofi-nccl#547), NVIDIA datasheets for dense (non-sparse) BF16
+# tensor TFLOPS: L4 121, L40S 362, A100 312, H100 SXM 989; A10G has no
+# public datasheet, 70 is the A10's figure scaled to its clocks (unconfirmed).
+INSTANCE_TYPES: Mapping[str, InstanceSpec] = MappingProxyType(
+    {
+        "m7i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, ""),
+        "g6.8xlarge": InstanceSpec(32, 128, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4"),
+        "g6.12xlarge": InstanceSpec(48, 192, 1, 4, "L4", 22.5, False, 40.0, 121.0, "L4"),
+        "g6.16xlarge": InstanceSpec(64, 256, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4"),
+        "g6.2xlarge": InstanceSpec(8, 32, 0, 1, "L4", 22.5, False, 10.0, 121.0, "L4"),
+        "g6e.8xlarge": InstanceSpec(32, 256, 1, 1, "L40S", 44.5, False, 25.0, 362.0, "L40S"),
+        "g6e.12xlarge": InstanceSpec(48, 384, 1, 4, "L40S", 44.5, False, 100.0, 362.0, "L40S"),
+        "g5.8xlarge": InstanceSpec(32, 128, 1, 1, "A10G", 22.0, False, 25.0, 70.0, "A10G"),
+        "g5.12xlarge": InstanceSpec(48, 192, 1, 4, "A10G", 22.0, False, 40.0, 70.0, "A10G"),
+        "p4d.24xlarge": InstanceSpec(96, 1152, 4, 8, "A100", 39.5, True, 400.0, 312.0, "A100-40G"),
+        "p5.48xlarge": InstanceSpec(192, 2048, 32, 8, "H100", 79.0, True, 3200.0, 989.0, "H100"),
+    }
+)
+
+
+# --- Models ------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a model, enough to size its weights and its KV cache."""
+
+    parameters_billion: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    needs_token: bool
+
+
+# From each model's config.json on its Hugging Face model card
+# (num_hidden_layers, num_key_value_heads, head_dim, torch_dtype) and the
+# parameter count the card states.
+MODELS: Mapping[str, ModelSpec] = MappingProxyType(
+    {
+        "Qwen/Qwen3-8B": ModelSpec(8.19, 36, 8, 128, 2, needs_token=False),
+        "Qwen/Qwen3-4B": ModelSpec(4.02, 36, 8, 128, 2, needs_token=False),
+        "Qwen/Qwen3-14B": ModelSpec(14.8, 40, 8, 128, 2, needs_token=False),
+        "Qwen/Qwen2.5-7B-Instruct": ModelSpec(7.62, 28, 4, 128, 2, needs_token=False),
+        "meta-llama/Llama-3.1-8B-Instruct": ModelSpec(8.03, 32, 8, 128, 2, needs_token=True),
+        "mistralai/Mistral-7B-Instruct-v0.3": ModelSpec(7.25, 32, 8, 128, 2, needs_token=True),
+    }
+)
+DEFAULT_MODEL_ID = "Qwen/Qwen3-8B"
+
+# vLLM sets aside memory for activations and CUDA graphs beyond weights and
+# KV cache. 1.5 GiB is what vLLM 0.2x logs on an 8B model on a 24 GB GPU
+# ("non_torch_memory" plus "activation peak"); treat it as an estimate.
+ENGINE_OVERHEAD_GIB = 1.5
+
+
+# --- Regions -------------------------------------------------------------------
+# Availability zone names per region, from EC2 DescribeAvailabilityZones as
+# documented in each region's AWS "Regions and Zones" page. Unconfirmed
+# offline; an AZ name outside this table is refused at synth so a typo never
+# reaches a deploy. Which of them offer g6.8xlarge varies by account: check
+# with `aws ec2 describe-instance-type-offerings --location-type availability-zone`.
+REGION_AZS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "us-east-1": ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e", "us-east-1f"),
+        "us-east-2": ("us-east-2a", "us-east-2b", "us-east-2c"),
+        "us-west-2": ("us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"),
+        "eu-west-1": ("eu-west-1a", "eu-west-1b", "eu-west-1c"),
+        "eu-central-1": ("eu-central-1a", "eu-central-1b", "eu-central-1c"),
+        "eu-north-1": ("eu-north-1a", "eu-north-1b", "eu-north-1c"),
+        "ap-northeast-1": ("ap-northeast-1a", "ap-northeast-1c", "ap-northeast-1d"),
+        "ap-southeast-2": ("ap-southeast-2a", "ap-southeast-2b", "ap-southeast-2c"),
+        "ap-south-1": ("ap-south-1a", "ap-south-1b", "ap-south-1c"),
+    }
+)

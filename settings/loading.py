@@ -1,0 +1,121 @@
+"""Build Settings from a settings file and CDK context (-c key=value).
+
+Precedence: defaults < settings file < -c on the command line. Every value
+from the command line arrives as a string and is coerced to the field's type
+here, so the rest of the code only sees typed values.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from settings.model import SETTING_NAMES, Settings, SettingsError, validate
+
+SETTINGS_FILE_KEY = "settings_file"
+
+# Context keys that belong to the CDK itself, not to us.
+_CDK_OWNED_PREFIXES = ("@aws-cdk", "aws:cdk", "aws-cdk", "cdk-", "@")
+_CDK_OWNED_KEYS = frozenset({"acknowledged-issue-numbers", SETTINGS_FILE_KEY})
+
+_TRUE = frozenset({"true", "yes", "1", "on"})
+_FALSE = frozenset({"false", "no", "0", "off"})
+_NONE = frozenset({"", "none", "null"})
+
+_HINTS = typing.get_type_hints(Settings)
+
+
+def _is_ours(key: str) -> bool:
+    # Lookup results in cdk.context.json carry ':' in their keys.
+    return ":" not in key and key not in _CDK_OWNED_KEYS and not key.startswith(_CDK_OWNED_PREFIXES)
+
+
+def _coerce(key: str, raw: Any) -> Any:
+    hint = _HINTS[key]
+    optional = False
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional, hint = True, args[0]
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE and hint is not str):
+        if optional:
+            return None
+        if typing.get_origin(hint) is tuple:
+            return ()
+        raise SettingsError(key, raw, "a value is required")
+    if optional and isinstance(raw, str) and raw.strip().lower() in _NONE:
+        return None
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise SettingsError(key, raw, "true or false")
+    if hint is int:
+        if isinstance(raw, bool):
+            raise SettingsError(key, raw, "a whole number")
+        try:
+            return int(str(raw).strip())
+        except ValueError:
+            raise SettingsError(key, raw, "a whole number") from None
+    if hint is float:
+        try:
+            return float(str(raw).strip())
+        except ValueError:
+            raise SettingsError(key, raw, "a number") from None
+    if typing.get_origin(hint) is tuple:
+        if isinstance(raw, str):
+            text = raw.strip()
+            items = json.loads(text) if text.startswith("[") else [p for p in text.split(",")]
+        elif isinstance(raw, (list, tuple)):
+            items = list(raw)
+        else:
+            raise SettingsError(key, raw, "a list, or comma-separated text")
+        return tuple(str(i).strip() for i in items if str(i).strip())
+    if not isinstance(raw, (str, int, float)):
+        raise SettingsError(key, raw, "text")
+    return str(raw).strip()
+
+
+def read_settings_file(path: str | Path) -> dict[str, Any]:
+    """A YAML or JSON mapping of setting names to values."""
+    file = Path(path)
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SettingsError(SETTINGS_FILE_KEY, str(path), f"a readable file ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise SettingsError(SETTINGS_FILE_KEY, str(path), f"YAML or JSON ({str(err).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(SETTINGS_FILE_KEY, str(path), "a mapping of setting names to values")
+    for key in data:
+        if key not in SETTING_NAMES:
+            raise SettingsError(str(key), data[key], f"not a setting (in {path}); settings are {sorted(SETTING_NAMES)}")
+    return dict(data)
+
+
+def settings_from(context: Mapping[str, Any]) -> Settings:
+    """Settings from CDK context, including the file it may name; validated."""
+    merged: dict[str, Any] = {}
+    file = context.get(SETTINGS_FILE_KEY)
+    if file:
+        merged.update(read_settings_file(str(file)))
+    for key, value in context.items():
+        if not _is_ours(key):
+            continue
+        if key not in SETTING_NAMES:
+            raise SettingsError(key, value, f"not a setting; settings are {sorted(SETTING_NAMES)}")
+        merged[key] = value
+    typed = {f.name: _coerce(f.name, merged[f.name]) for f in fields(Settings) if f.name in merged}
+    return validate(Settings(**typed))

@@ -1,0 +1,285 @@
+"""The one frozen settings object, and the one function that validates it."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from settings import catalog
+
+EndpointAccessMode = Literal["public_and_private", "private"]
+ENDPOINT_ACCESS_MODES: tuple[str, ...] = ("public_and_private", "private")
+
+
+class SettingsError(ValueError):
+    """A setting that cannot deploy. The message is one line that names the key."""
+
+    def __init__(self, key: str, value: object, allowed: str) -> None:
+        self.key = key
+        super().__init__(f"setting '{key}' = {value!r} is not valid: {allowed}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a user can change, with defaults that deploy as they are.
+
+    Override any field with ``cdk synth -c key=value`` or a YAML/JSON file named
+    by ``-c settings_file=path``; see README "Settings".
+    """
+
+    # Where: None keeps the stack environment-agnostic (deploys to the CLI's
+    # region); a GPU AZ implies its region.
+    region: str | None = None
+    account: str | None = None
+
+    # Network. vpc_id reuses an existing VPC (needs account and region for the
+    # lookup); otherwise a new VPC with this CIDR spans max_azs AZs.
+    vpc_id: str | None = None
+    vpc_cidr: str = "10.0.0.0/16"
+    max_azs: int = 2
+
+    # Cluster
+    cluster_name: str = "pd-inference"
+    kubernetes_version: str = catalog.DEFAULT_KUBERNETES_VERSION
+    endpoint_access: str = "public_and_private"
+    cluster_admin_arns: tuple[str, ...] = ()
+
+    # System nodes: KubeRay operator and the Ray head.
+    system_instance_type: str = "m7i.xlarge"
+    system_nodes_min: int = 1
+    system_nodes_desired: int = 2
+    system_nodes_max: int = 3
+    system_volume_gib: int = 50
+
+    # GPU nodes: one per prefill or decode replica.
+    gpu_instance_type: str = "g6.8xlarge"
+    gpu_availability_zone: str | None = None
+    # The image (~20 GB unpacked) plus the model weights in the Hugging Face
+    # cache (16 GB for 8B in BF16, kept twice while downloading) plus
+    # containerd's copy during an image upgrade: 300 GiB leaves room for a
+    # model twice the default's size.
+    gpu_volume_gib: int = 300
+    gpu_placement_group: bool = True
+    gpu_capacity_reservation_id: str | None = None
+    # Pods may reach the instance metadata service (hop limit 2) only if asked.
+    pod_imds_access: bool = False
+
+    # Serving
+    model_id: str = catalog.DEFAULT_MODEL_ID
+    model_source: str | None = None
+    max_model_len: int = 8192
+    gpu_memory_utilization: float = 0.90
+    prefill_replicas: int = 1
+    decode_replicas: int = 1
+    ray_image: str = catalog.DEFAULT_RAY_IMAGE
+    serving_namespace: str = "llm"
+    service_name: str = "pd-llm"
+    hf_token_secret_name: str | None = None
+
+    @property
+    def gpu_nodes(self) -> int:
+        """One GPU node per prefill or decode replica."""
+        return self.prefill_replicas + self.decode_replicas
+
+    @property
+    def gpu_instance(self) -> catalog.InstanceSpec:
+        return catalog.INSTANCE_TYPES[self.gpu_instance_type]
+
+    @property
+    def model(self) -> catalog.ModelSpec:
+        return catalog.MODELS[self.model_id]
+
+    @property
+    def effective_region(self) -> str | None:
+        if self.region:
+            return self.region
+        if self.gpu_availability_zone:
+            return self.gpu_availability_zone[:-1]
+        return None
+
+
+SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings))
+
+_AWS_ACCOUNT = re.compile(r"^\d{12}$")
+_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")
+_CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
+_IAM_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
+_MODEL_SOURCE = re.compile(r"^(s3://[a-z0-9.\-]+/.+|gs://.+|[\w.\-]+/[\w.\-]+)$")
+_SECRET_NAME = re.compile(r"^[\w/+=.@-]{1,512}$")
+_IMAGE = re.compile(r"^[\w.\-]+(:\d+)?(/[\w.\-]+)+(:[\w.\-]+|@sha256:[0-9a-f]{64})$")
+
+
+def _require(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise SettingsError(key, value, allowed)
+
+
+def kv_cache_bytes_per_token(model: catalog.ModelSpec) -> int:
+    """K and V, for every layer and KV head, in the model's dtype."""
+    return 2 * model.layers * model.kv_heads * model.head_dim * model.dtype_bytes
+
+
+def gpu_memory_plan_gib(s: Settings) -> tuple[float, float, float]:
+    """(weights, KV cache for one max_model_len sequence, GPU budget) in GiB."""
+    model = s.model
+    weights = model.parameters_billion * 1e9 * model.dtype_bytes / 2**30
+    kv = kv_cache_bytes_per_token(model) * s.max_model_len / 2**30
+    budget = s.gpu_instance.gpu_memory_gib * s.gpu_memory_utilization - catalog.ENGINE_OVERHEAD_GIB
+    return weights, kv, budget
+
+
+def validate(s: Settings) -> Settings:
+    """Check every setting once, before any construct is made.
+
+    Raises SettingsError naming the first bad key, its value and what is allowed.
+    """
+    regions = sorted(catalog.REGION_AZS)
+    _require(s.region is None or s.region in catalog.REGION_AZS, "region", s.region, f"one of {regions}")
+    _require(s.account is None or bool(_AWS_ACCOUNT.match(s.account)), "account", s.account, "12 digits")
+
+    _require(s.vpc_id is None or bool(_VPC_ID.match(s.vpc_id)), "vpc_id", s.vpc_id, "vpc- and 8 or 17 hex digits")
+    _require(
+        s.vpc_id is None or (s.account is not None and s.effective_region is not None),
+        "vpc_id",
+        s.vpc_id,
+        "looking up an existing VPC needs 'account' and 'region' set too",
+    )
+    try:
+        network = ipaddress.IPv4Network(s.vpc_cidr)
+    except ValueError:
+        network = None
+    _require(
+        network is not None and 16 <= network.prefixlen <= 20,
+        "vpc_cidr",
+        s.vpc_cidr,
+        "an IPv4 network from /16 to /20, e.g. 10.0.0.0/16",
+    )
+    _require(2 <= s.max_azs <= 3, "max_azs", s.max_azs, "2 or 3 (EKS needs two AZs)")
+
+    _require(bool(_CLUSTER_NAME.match(s.cluster_name)), "cluster_name", s.cluster_name, "1-100 letters, digits, - or _")
+    versions = list(catalog.KUBERNETES_VERSIONS)
+    _require(
+        s.kubernetes_version in catalog.KUBERNETES_VERSIONS,
+        "kubernetes_version",
+        s.kubernetes_version,
+        f"a version EKS still creates clusters on: {versions}",
+    )
+    _require(
+        s.endpoint_access in ENDPOINT_ACCESS_MODES,
+        "endpoint_access",
+        s.endpoint_access,
+        f"one of {list(ENDPOINT_ACCESS_MODES)}",
+    )
+    for arn in s.cluster_admin_arns:
+        _require(
+            bool(_IAM_PRINCIPAL.match(arn)),
+            "cluster_admin_arns",
+            arn,
+            "IAM role or user ARNs, arn:aws:iam::<account>:role/<name>",
+        )
+
+    system = catalog.INSTANCE_TYPES.get(s.system_instance_type)
+    _require(
+        system is not None, "system_instance_type", s.system_instance_type, f"one of {sorted(catalog.INSTANCE_TYPES)}"
+    )
+    _require(
+        0 <= s.system_nodes_min <= s.system_nodes_desired <= s.system_nodes_max and s.system_nodes_max >= 1,
+        "system_nodes_desired",
+        (s.system_nodes_min, s.system_nodes_desired, s.system_nodes_max),
+        "system_nodes_min <= system_nodes_desired <= system_nodes_max, max at least 1",
+    )
+    _require(20 <= s.system_volume_gib <= 16384, "system_volume_gib", s.system_volume_gib, "20 to 16384")
+
+    gpu = catalog.INSTANCE_TYPES.get(s.gpu_instance_type)
+    gpu_types = sorted(k for k, v in catalog.INSTANCE_TYPES.items() if v.gpus and v.efa_interfaces)
+    _require(
+        gpu is not None and gpu.gpus > 0 and gpu.efa_interfaces > 0,
+        "gpu_instance_type",
+        s.gpu_instance_type,
+        f"an instance type with a GPU and EFA: {gpu_types}",
+    )
+    if s.gpu_availability_zone is not None:
+        region = s.effective_region or ""
+        azs = catalog.REGION_AZS.get(region, ())
+        _require(
+            s.gpu_availability_zone in azs,
+            "gpu_availability_zone",
+            s.gpu_availability_zone,
+            f"an AZ of region {region!r}: {list(azs)}" if azs else f"an AZ of one of {regions}",
+        )
+    _require(
+        100 <= s.gpu_volume_gib <= 16384, "gpu_volume_gib", s.gpu_volume_gib, "100 to 16384 (image plus model weights)"
+    )
+    if s.gpu_capacity_reservation_id is not None:
+        _require(
+            bool(_CAPACITY_RESERVATION.match(s.gpu_capacity_reservation_id)),
+            "gpu_capacity_reservation_id",
+            s.gpu_capacity_reservation_id,
+            "cr- and 17 hex digits",
+        )
+        _require(
+            not s.gpu_placement_group,
+            "gpu_capacity_reservation_id",
+            s.gpu_capacity_reservation_id,
+            "a reservation cannot target the stack's new placement group; set gpu_placement_group=false",
+        )
+
+    _require(
+        s.model_id in catalog.MODELS,
+        "model_id",
+        s.model_id,
+        f"one of {sorted(catalog.MODELS)} (add others to settings/catalog.py)",
+    )
+    if s.model_source is not None:
+        _require(
+            bool(_MODEL_SOURCE.match(s.model_source)),
+            "model_source",
+            s.model_source,
+            "a Hugging Face repo id or an s3:// URI",
+        )
+    _require(256 <= s.max_model_len <= 131072, "max_model_len", s.max_model_len, "256 to 131072 tokens")
+    _require(0.5 <= s.gpu_memory_utilization <= 0.95, "gpu_memory_utilization", s.gpu_memory_utilization, "0.5 to 0.95")
+    _require(1 <= s.prefill_replicas <= 16, "prefill_replicas", s.prefill_replicas, "1 to 16")
+    _require(1 <= s.decode_replicas <= 16, "decode_replicas", s.decode_replicas, "1 to 16")
+    assert gpu is not None
+    weights, kv, budget = gpu_memory_plan_gib(s)
+    _require(
+        weights + kv <= budget,
+        "model_id",
+        s.model_id,
+        f"weights {weights:.1f} GiB + KV cache for max_model_len={s.max_model_len} {kv:.1f} GiB must fit "
+        f"{budget:.1f} GiB of one {gpu.gpu_model} at gpu_memory_utilization={s.gpu_memory_utilization}; "
+        "pick a smaller model or max_model_len, or a larger GPU",
+    )
+    _require(
+        s.hf_token_secret_name is not None or not s.model.needs_token,
+        "model_id",
+        s.model_id,
+        "this model is gated: set hf_token_secret_name to a Secrets Manager secret holding a Hugging Face token",
+    )
+    _require(bool(_IMAGE.match(s.ray_image)), "ray_image", s.ray_image, "registry/repository:tag or @sha256:digest")
+    _require(bool(_K8S_NAME.match(s.serving_namespace)), "serving_namespace", s.serving_namespace, "a DNS label")
+    _require(
+        bool(_K8S_NAME.match(s.service_name)) and len(s.service_name) <= 40,
+        "service_name",
+        s.service_name,
+        "a DNS label of at most 40 characters (KubeRay appends suffixes)",
+    )
+    if s.hf_token_secret_name is not None:
+        _require(
+            bool(_SECRET_NAME.match(s.hf_token_secret_name)),
+            "hf_token_secret_name",
+            s.hf_token_secret_name,
+            "a Secrets Manager secret name (the name, never the token)",
+        )
+        _require(
+            not s.hf_token_secret_name.startswith("hf_"),
+            "hf_token_secret_name",
+            "hf_***",
+            "the name of a Secrets Manager secret, not the token itself",
+        )
+    return s

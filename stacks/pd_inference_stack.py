@@ -1,0 +1,138 @@
+"""The one stack: wires the constructs together, nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import CfnOutput, Stack
+from constructs import Construct
+
+import serve_config
+from cdk_constructs.addons import ClusterAddons
+from cdk_constructs.cluster import EksCluster
+from cdk_constructs.gpu_nodes import EfaGpuNodes, gpu_toleration
+from cdk_constructs.llm_service import LlmService
+from cdk_constructs.network import Network
+from cdk_constructs.system_nodes import SystemNodes
+from settings import Settings
+from settings.catalog import REGION_AZS
+
+
+def vpc_availability_zones(settings: Settings) -> list[str] | None:
+    """The GPU AZ first, then the region's others, when the user names the GPU AZ."""
+    az = settings.gpu_availability_zone
+    if az is None:
+        return None
+    others = [z for z in REGION_AZS[az[:-1]] if z != az]
+    return [az, *others[: settings.max_azs - 1]]
+
+
+class PdInferenceStack(Stack):
+    """Disaggregated LLM inference on EKS: prefill and decode on separate GPU nodes, KV cache over EFA."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        network = Network(
+            self,
+            "Network",
+            vpc_id=settings.vpc_id,
+            cidr=settings.vpc_cidr,
+            max_azs=settings.max_azs,
+            availability_zones=vpc_availability_zones(settings),
+            gpu_availability_zone=settings.gpu_availability_zone,
+        )
+        eks_cluster = EksCluster(
+            self,
+            "Eks",
+            vpc=network.vpc,
+            cluster_name=settings.cluster_name,
+            kubernetes_version=settings.kubernetes_version,
+            endpoint_access=settings.endpoint_access,
+            admin_principal_arns=settings.cluster_admin_arns,
+        )
+        cluster = eks_cluster.cluster
+        system_nodes = SystemNodes(
+            self,
+            "SystemNodes",
+            cluster=cluster,
+            instance_type=settings.system_instance_type,
+            min_size=settings.system_nodes_min,
+            desired_size=settings.system_nodes_desired,
+            max_size=settings.system_nodes_max,
+            volume_gib=settings.system_volume_gib,
+            pods_reach_imds=settings.pod_imds_access,
+        )
+        gpu_nodes = EfaGpuNodes(
+            self,
+            "GpuNodes",
+            cluster=cluster,
+            vpc=network.vpc,
+            subnet=network.gpu_subnet,
+            instance_type=settings.gpu_instance_type,
+            node_count=settings.gpu_nodes,
+            volume_gib=settings.gpu_volume_gib,
+            placement_group=settings.gpu_placement_group,
+            capacity_reservation_id=settings.gpu_capacity_reservation_id,
+            pods_reach_imds=settings.pod_imds_access,
+        )
+        addons = ClusterAddons(
+            self,
+            "Addons",
+            cluster=cluster,
+            system_node_labels=system_nodes.labels,
+            gpu_node_labels=gpu_nodes.labels,
+            gpu_toleration=gpu_toleration(),
+        )
+        service = LlmService(
+            self,
+            "LlmService",
+            cluster=cluster,
+            namespace=settings.serving_namespace,
+            rayservice=serve_config.rayservice(
+                settings,
+                system_node_labels=dict(system_nodes.labels),
+                gpu_node_labels=dict(gpu_nodes.labels),
+                gpu_toleration=gpu_toleration(),
+            ),
+        )
+
+        # Deletion runs in reverse: RayService, then Helm releases, then node
+        # groups, then the cluster. The releases wait for nodes to exist so
+        # their pods schedule; the RayService needs the CRDs and device plugins.
+        for release in addons.releases:
+            release.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
+        service.namespace_manifest.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
+        service.rayservice_manifest.node.add_dependency(*addons.releases)
+
+        region = self.region
+        CfnOutput(self, "ClusterName", value=cluster.cluster_name, description="EKS cluster name")
+        CfnOutput(
+            self,
+            "UpdateKubeconfigCommand",
+            value=f"aws eks update-kubeconfig --name {cluster.cluster_name} --region {region}",
+            description="Point kubectl at the cluster",
+        )
+        CfnOutput(
+            self,
+            "GpuNodeAvailabilityZone",
+            value=network.gpu_subnet.availability_zone,
+            description="The one AZ of the EFA GPU nodes (it must offer the GPU instance type)",
+        )
+        svc = serve_config.serve_service_name(settings)
+        port = serve_config.SERVE_PORT
+        CfnOutput(
+            self,
+            "PortForwardCommand",
+            value=f"kubectl -n {settings.serving_namespace} port-forward svc/{svc} {port}:{port}",
+            description="Reach the OpenAI-compatible endpoint on localhost",
+        )
+        CfnOutput(
+            self,
+            "ChatCompletionExample",
+            value=(
+                f"curl -s http://localhost:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+                f'-d \'{{"model": "{settings.model_id}", "messages": [{{"role": "user", '
+                f'"content": "Hello"}}], "max_tokens": 64}}\''
+            ),
+            description="One chat completion through the port-forward",
+        )

@@ -1,0 +1,81 @@
+"""Shared fixtures: synthesize the real app, with cdk.json's context, once per settings."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
+
+os.environ.setdefault("CDK_DISABLE_CLI_TELEMETRY", "true")
+os.environ.pop("CDK_DEFAULT_ACCOUNT", None)
+os.environ.pop("CDK_DEFAULT_REGION", None)
+
+_CACHE: dict[str, dict[str, Any]] = {}
+
+
+def synth(**overrides: Any) -> dict[str, Any]:
+    """The synthesized CloudFormation template of the one stack, as `cdk synth` makes it."""
+    key = json.dumps(overrides, sort_keys=True)
+    if key not in _CACHE:
+        from app import STACK_NAME, build_app
+
+        app, _, _ = build_app({**CDK_JSON_CONTEXT, **overrides})
+        assembly = app.synth()
+        _CACHE[key] = assembly.get_stack_by_name(STACK_NAME).template
+    return _CACHE[key]
+
+
+def resources(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
+
+
+def only(template: dict[str, Any], type_: str, **match: Any) -> dict[str, Any]:
+    """The one resource of this type whose Properties contain `match`."""
+    found = [
+        r
+        for r in resources(template, type_).values()
+        if all(r.get("Properties", {}).get(k) == v for k, v in match.items())
+    ]
+    assert len(found) == 1, f"expected one {type_} with {match}, found {len(found)}"
+    return found[0]
+
+
+def manifests(template: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every Kubernetes object the stack applies with kubectl, decoded."""
+    docs: list[dict[str, Any]] = []
+    for r in resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values():
+        manifest = r["Properties"]["Manifest"]
+        assert isinstance(manifest, str), "a manifest with CloudFormation tokens cannot be reviewed or validated"
+        docs.extend(json.loads(manifest))
+    return docs
+
+
+def rayservice_from(template: dict[str, Any]) -> dict[str, Any]:
+    found = [m for m in manifests(template) if m.get("kind") == "RayService"]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def template() -> dict[str, Any]:
+    return synth()
+
+
+@pytest.fixture(scope="session")
+def rayservice(template: dict[str, Any]) -> dict[str, Any]:
+    return rayservice_from(template)
+
+
+def shared_file(relative: str) -> Path:
+    """A file from ../shared, or skip saying how to get it."""
+    path = SHARED / relative
+    if not path.exists():
+        pytest.skip(f"{path} is absent: run `make fetch-schemas` to download it")
+    return path
