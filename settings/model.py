@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import re
 from dataclasses import dataclass, fields
@@ -167,6 +168,13 @@ def validate(s: Settings) -> Settings:
         "kubernetes_version",
         s.kubernetes_version,
         f"a version EKS still creates clusters on: {versions}",
+    )
+    layer_module = catalog.KUBERNETES_VERSIONS[s.kubernetes_version]
+    _require(
+        importlib.util.find_spec(layer_module) is not None,
+        "kubernetes_version",
+        s.kubernetes_version,
+        f"its kubectl layer is not installed: pip install {catalog.layer_package(s.kubernetes_version)}",
     )
     _require(
         s.endpoint_access in ENDPOINT_ACCESS_MODES,

@@ -39,7 +39,7 @@ def requirements_of(dist: str, extra: str | None = None) -> list[str]:
     for req in metadata.requires(dist) or []:
         spec, _, marker = req.partition(";")
         wanted = f'extra == "{extra}"' in marker if extra else "extra ==" not in marker
-        if wanted and "sys_platform == \"darwin\"" not in marker:
+        if wanted and 'sys_platform == "darwin"' not in marker:
             found.append(spec.strip())
     return found
 

@@ -1,0 +1,148 @@
+"""Bad settings end synth with one line naming the key; good ones load typed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from settings import Settings, SettingsError, settings_from
+from settings.model import gpu_memory_plan_gib
+from tests.conftest import CDK_JSON_CONTEXT, ROOT
+
+# (overrides, the key the error must name, a fragment of what is allowed)
+BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
+    ({"gpu_instnce_type": "g6.8xlarge"}, "gpu_instnce_type", "not a setting"),
+    ({"gpu_instance_type": "g6.2xlarge"}, "gpu_instance_type", "with a GPU and EFA"),
+    ({"gpu_instance_type": "m7i.xlarge"}, "gpu_instance_type", "with a GPU and EFA"),
+    ({"gpu_instance_type": "g9.huge"}, "gpu_instance_type", "with a GPU and EFA"),
+    ({"system_instance_type": "t9.nano"}, "system_instance_type", "one of"),
+    ({"gpu_availability_zone": "us-east-1z"}, "gpu_availability_zone", "an AZ of region 'us-east-1'"),
+    ({"region": "us-west-2", "gpu_availability_zone": "us-east-1a"}, "gpu_availability_zone", "us-west-2"),
+    ({"region": "mars-north-1"}, "region", "one of"),
+    ({"system_nodes_min": 3, "system_nodes_desired": 2}, "system_nodes_desired", "system_nodes_min <="),
+    ({"system_nodes_desired": 4, "system_nodes_max": 3}, "system_nodes_desired", "<= system_nodes_max"),
+    ({"kubernetes_version": "1.30"}, "kubernetes_version", "a version EKS still creates clusters on"),
+    ({"kubernetes_version": "1.31"}, "kubernetes_version", "a version EKS still creates clusters on"),
+    ({"endpoint_access": "public"}, "endpoint_access", "public_and_private"),
+    ({"max_azs": 1}, "max_azs", "EKS needs two AZs"),
+    ({"vpc_cidr": "10.0.0.0/8"}, "vpc_cidr", "/16 to /20"),
+    ({"vpc_cidr": "banana"}, "vpc_cidr", "/16 to /20"),
+    ({"vpc_id": "vpc-0123456789abcdef0"}, "vpc_id", "needs 'account' and 'region'"),
+    ({"vpc_id": "subnet-1"}, "vpc_id", "vpc- and 8 or 17 hex digits"),
+    ({"account": "12345"}, "account", "12 digits"),
+    ({"cluster_admin_arns": "alice"}, "cluster_admin_arns", "IAM role or user ARNs"),
+    ({"gpu_volume_gib": 50}, "gpu_volume_gib", "100 to 16384"),
+    ({"gpu_volume_gib": "big"}, "gpu_volume_gib", "a whole number"),
+    ({"gpu_placement_group": "maybe"}, "gpu_placement_group", "true or false"),
+    ({"gpu_capacity_reservation_id": "cr-123"}, "gpu_capacity_reservation_id", "cr- and 17 hex digits"),
+    ({"gpu_capacity_reservation_id": "cr-0123456789abcdef0"}, "gpu_capacity_reservation_id", "gpu_placement_group"),
+    ({"model_id": "Qwen/Qwen3-14B"}, "model_id", "must fit"),
+    ({"max_model_len": 131072, "model_id": "Qwen/Qwen3-8B"}, "model_id", "must fit"),
+    ({"model_id": "nobody/unknown-model"}, "model_id", "one of"),
+    ({"model_id": "meta-llama/Llama-3.1-8B-Instruct"}, "model_id", "hf_token_secret_name"),
+    ({"gpu_memory_utilization": 0.99}, "gpu_memory_utilization", "0.5 to 0.95"),
+    ({"prefill_replicas": 0}, "prefill_replicas", "1 to 16"),
+    ({"decode_replicas": 17}, "decode_replicas", "1 to 16"),
+    ({"ray_image": "not an image"}, "ray_image", "registry/repository:tag"),
+    ({"serving_namespace": "LLM"}, "serving_namespace", "a DNS label"),
+    ({"hf_token_secret_name": "hf_abcdefghijklmnopqrstuvwxyz0123456789"}, "hf_token_secret_name", "not the token"),
+]
+
+
+BAD_IDS = [f"{key}-{i}" for i, (_, key, _) in enumerate(BAD_SETTINGS)]
+
+
+@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD_SETTINGS, ids=BAD_IDS)
+def test_bad_setting_names_key_and_allowed(overrides: dict[str, Any], key: str, allowed: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        settings_from({**CDK_JSON_CONTEXT, **overrides})
+    message = str(raised.value)
+    assert raised.value.key == key
+    assert f"setting '{key}'" in message
+    assert allowed in message
+    assert "\n" not in message
+
+
+def test_defaults_are_valid_and_typed() -> None:
+    settings = settings_from(CDK_JSON_CONTEXT)
+    assert settings == Settings()
+    assert settings.gpu_nodes == 2
+    assert settings.kubernetes_version == "1.36"
+
+
+def test_context_strings_are_coerced() -> None:
+    settings = settings_from(
+        {
+            "prefill_replicas": "2",
+            "gpu_placement_group": "false",
+            "gpu_memory_utilization": "0.85",
+            "cluster_admin_arns": "arn:aws:iam::123456789012:role/a, arn:aws:iam::123456789012:user/b",
+        }
+    )
+    assert settings.prefill_replicas == 2
+    assert settings.gpu_nodes == 3
+    assert settings.gpu_placement_group is False
+    assert settings.gpu_memory_utilization == 0.85
+    assert settings.cluster_admin_arns == ("arn:aws:iam::123456789012:role/a", "arn:aws:iam::123456789012:user/b")
+
+
+def test_settings_file_and_command_line_precedence(tmp_path: Path) -> None:
+    file = tmp_path / "settings.yaml"
+    file.write_text("prefill_replicas: 2\ndecode_replicas: 1\nmax_model_len: 4096\n")
+    settings = settings_from({"settings_file": str(file), "max_model_len": "2048"})
+    assert (settings.prefill_replicas, settings.max_model_len) == (2, 2048)
+
+
+def test_settings_file_with_unknown_key_is_refused(tmp_path: Path) -> None:
+    file = tmp_path / "settings.yaml"
+    file.write_text("prefill_replicas: 2\nprefil_replicas: 3\n")
+    with pytest.raises(SettingsError, match=r"setting 'prefil_replicas'.*not a setting"):
+        settings_from({"settings_file": str(file)})
+
+
+def test_missing_settings_file_is_one_line() -> None:
+    with pytest.raises(SettingsError, match="setting 'settings_file'"):
+        settings_from({"settings_file": "/nonexistent/settings.yaml"})
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings()
+    with pytest.raises(AttributeError):
+        settings.model_id = "other"  # type: ignore[misc]
+
+
+def test_default_model_fits_one_l4_with_room_for_kv() -> None:
+    weights, kv, budget = gpu_memory_plan_gib(Settings())
+    # 8.19e9 params * 2 bytes = 15.26 GiB; KV 144 KiB/token * 8192 = 1.125 GiB;
+    # 22.5 GiB * 0.90 - 1.5 GiB overhead = 18.75 GiB.
+    assert round(weights, 2) == 15.26
+    assert kv == 1.125
+    assert budget == pytest.approx(18.75)
+    assert budget - weights - kv > 2.0
+
+
+def _run_app(context: dict[str, Any], outdir: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON_CONTEXT, **context}), "CDK_OUTDIR": str(outdir)}
+    return subprocess.run(
+        [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("context", "key"),
+    [({"gpu_instance_type": "c7i.large"}, "gpu_instance_type"), ({"kubernetes_version": "1.30"}, "kubernetes_version")],
+)
+def test_app_prints_one_line_and_no_traceback(context: dict[str, Any], key: str, tmp_path: Path) -> None:
+    """As `cdk synth -c key=value` runs it: the CLI hands context to app.py through CDK_CONTEXT_JSON."""
+    result = _run_app(context, tmp_path)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: setting '{key}'")
+    assert "Traceback" not in result.stderr
