@@ -8,7 +8,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 CDK := $(abspath node_modules/.bin/cdk)
 
-.PHONY: setup setup-serve synth test test-fast lint bench review handoff clean
+.PHONY: setup setup-serve synth test test-fast lint fetch-schemas clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,11 +40,15 @@ lint: setup
 
 ## The full suite: lint, types, and every test, Ray's and vLLM's validators included.
 test: setup-serve lint
-	REQUIRE_SERVE_DEPS=1 $(BIN)/python -m pytest -n 2 -q
+	REQUIRE_SERVE_DEPS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:warnings
 
 ## Everything but the tests that need ray[serve,llm] (a ~10 GB install).
 test-fast: setup lint
-	$(BIN)/python -m pytest -n 2 -q -m "not serve"
+	$(BIN)/python -m pytest -n 2 -q -p no:warnings -m "not serve"
+
+## The KubeRay CRD and charts' default values, for a clone without ../shared.
+fetch-schemas: setup
+	$(BIN)/python tools/fetch_schemas.py
 
 clean:
 	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache

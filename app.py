@@ -8,6 +8,7 @@ import sys
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
+from serve_config import ServeConfigError
 from settings import Settings, SettingsError, settings_from
 from stacks.nag_acknowledgements import acknowledge_findings
 from stacks.pd_inference_stack import PdInferenceStack
@@ -42,7 +43,7 @@ def build_app(context: dict[str, object] | None = None) -> tuple[cdk.App, PdInfe
 def main() -> int:
     try:
         app, _, _ = build_app()
-    except SettingsError as err:
+    except (SettingsError, ServeConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     try:

@@ -14,10 +14,17 @@ from typing import Any
 
 import yaml
 
+from serve_config import checks
 from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION
 
 HERE = Path(__file__).parent
+
+
+class ServeConfigError(ValueError):
+    """The serve config data breaks disaggregation (see serve_config/checks.py)."""
+
+
 SIDES: tuple[str, str] = ("prefill", "decode")
 SERVE_PORT = 8000
 HF_TOKEN_SECRET = "hf-token"  # noqa: S105 - a Secret's name, not a token
@@ -157,6 +164,9 @@ def rayservice(
         container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
         groups.append(group)
     cluster["workerGroupSpecs"] = groups
+    found = checks.problems(doc)
+    if found:
+        raise ServeConfigError("serve_config/*.yaml: " + "; ".join(found))
     return doc
 
 

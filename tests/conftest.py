@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,30 @@ def rayservice(template: dict[str, Any]) -> dict[str, Any]:
 
 
 def shared_file(relative: str) -> Path:
-    """A file from ../shared, or skip saying how to get it."""
-    path = SHARED / relative
-    if not path.exists():
-        pytest.skip(f"{path} is absent: run `make fetch-schemas` to download it")
-    return path
+    """A file from ../shared (or .schemas/, which `make fetch-schemas` fills), or skip saying how to get it."""
+    for base in (SHARED, ROOT / ".schemas"):
+        if (base / relative).exists():
+            return base / relative
+    pytest.skip(f"{relative} is in neither ../shared nor .schemas/: run `make fetch-schemas` to download it")
+
+
+def require_serve_deps() -> None:
+    """Skip (or, with REQUIRE_SERVE_DEPS=1 as in `make test` and CI, fail) without ray[serve,llm]."""
+    try:
+        import ray.serve.llm  # noqa: F401
+        import vllm.config  # noqa: F401
+    except ImportError as err:
+        if os.environ.get("REQUIRE_SERVE_DEPS") == "1":
+            pytest.fail(f"ray[serve,llm] is required here: {err}; run `make setup-serve`")
+        pytest.skip(f"needs ray[serve,llm] ({err}); run `make setup-serve` or `make test`")
+
+
+@pytest.fixture(scope="session")
+def local_ray() -> Iterator[None]:
+    """Ray's LLM builders read the runtime context, which starts Ray; start a small one once."""
+    require_serve_deps()
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()

@@ -1,0 +1,74 @@
+"""Validate a RayService against KubeRay's published CRD schema, strictly.
+
+The CRD's OpenAPI v3 schema does not forbid unknown fields (the API server
+prunes them silently), so a typo like `replica:` would pass it. Here every
+object schema with declared properties gets additionalProperties: false,
+except where Kubernetes says unknown fields are kept; defaults are filled first,
+as the API server would.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    schema = copy.deepcopy(schema)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("x-kubernetes-int-or-string"):
+                node.pop("type", None)
+                node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
+                node["additionalProperties"] = False
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return schema
+
+
+def _fill_defaults(validator_class: Any) -> Any:
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator: Any, properties: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(name, copy.deepcopy(sub["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+@functools.cache
+def _schema(crd_path: Path, version: str = "v1") -> dict[str, Any]:
+    crd = yaml.safe_load(crd_path.read_text())
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def validation_errors(rayservice: dict[str, Any], crd_path: Path) -> list[str]:
+    """Schema errors of the RayService (defaults filled, unknown fields rejected); empty when valid."""
+    document = copy.deepcopy(rayservice)
+    schema = _schema(crd_path)
+    for _ in _fill_defaults(jsonschema.Draft7Validator)(schema).iter_errors(document):
+        pass
+    strict = jsonschema.Draft7Validator(_strict(schema))
+    return sorted(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in strict.iter_errors(document))

@@ -1,0 +1,54 @@
+"""The synthesized RayService against KubeRay v1.7.0's CRD schema, in strict mode."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.conftest import shared_file
+from tests.kuberay_schema import validation_errors
+
+CRD = "kuberay-v1.7.0/ray.io_rayservices.yaml"
+
+
+def test_synthesized_rayservice_is_valid(rayservice: dict[str, Any]) -> None:
+    assert validation_errors(rayservice, shared_file(CRD)) == []
+
+
+def _broken_replica(doc: dict[str, Any]) -> None:
+    group = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    group["replica"] = group.pop("replicas")
+
+
+def _broken_worker_group_key(doc: dict[str, Any]) -> None:
+    cluster = doc["spec"]["rayClusterConfig"]
+    cluster["workerGroupSpec"] = cluster.pop("workerGroupSpecs")
+
+
+def _broken_node_selector(doc: dict[str, Any]) -> None:
+    pod = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
+    pod["nodeSelecter"] = pod.pop("nodeSelector")
+
+
+def _broken_gpu_type(doc: dict[str, Any]) -> None:
+    container = doc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    container["resources"]["limits"] = "1 GPU"
+
+
+@pytest.mark.parametrize(
+    ("break_it", "where"),
+    [
+        (_broken_replica, "replica"),
+        (_broken_worker_group_key, "workerGroupSpec"),
+        (_broken_node_selector, "nodeSelecter"),
+        (_broken_gpu_type, "limits"),
+    ],
+)
+def test_broken_variants_are_rejected(rayservice: dict[str, Any], break_it: Any, where: str) -> None:
+    broken = copy.deepcopy(rayservice)
+    break_it(broken)
+    errors = validation_errors(broken, shared_file(CRD))
+    assert errors
+    assert any(where in e for e in errors), errors

@@ -1,0 +1,299 @@
+"""The serve config, checked by Ray's and vLLM's own validators and by our checks.
+
+Tests marked `serve` need ray[serve,llm] at the image's Ray version
+(requirements-serve.txt); `make test` installs it, `make test-fast` skips them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import serve_config
+from serve_config.checks import problems
+from settings import Settings
+from settings.catalog import IMAGE_RAY_VERSION
+from tests.conftest import ROOT, require_serve_deps
+
+serve = pytest.mark.serve
+# The tests that start a local Ray share one xdist worker, so only one Ray runs.
+one_ray = pytest.mark.xdist_group("ray")
+
+
+def _args(rayservice: dict[str, Any]) -> dict[str, Any]:
+    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+    args: dict[str, Any] = app["args"]
+    return args
+
+
+# --- What the synthesized serveConfigV2 and pods carry (no Ray needed) -------------
+
+
+def test_application_runs_build_pd_openai_app(rayservice: dict[str, Any]) -> None:
+    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+    assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
+    assert set(app["args"]) == {"prefill_config", "decode_config"}
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_each_side_has_nixl_over_libfabric(rayservice: dict[str, Any], side: str) -> None:
+    config = _args(rayservice)[f"{side}_config"]
+    kv = config["engine_kwargs"]["kv_transfer_config"]
+    assert kv["kv_connector"] == "NixlConnector"
+    assert kv["kv_role"] == "kv_both"
+    assert kv["engine_id"] == side
+    assert kv["kv_connector_extra_config"]["backends"] == ["LIBFABRIC"]
+    assert kv["kv_load_failure_policy"] == "fail"
+    # g6.8xlarge has no GPUDirect RDMA: NIXL stages KV blocks in host memory.
+    assert kv["kv_buffer_device"] == "cpu"
+    assert config["accelerator_type"] == "L4"
+    assert config["model_loading_config"]["model_id"] == Settings().model_id
+    assert config["deployment_config"]["num_replicas"] == 1
+    bundles = config["placement_group_config"]["bundles"]
+    assert all(bundle[side] == 1 and bundle["GPU"] == 1 for bundle in bundles)
+
+
+def test_gpudirect_instance_keeps_kv_in_gpu_memory() -> None:
+    assert serve_config.kv_buffer_device(Settings(gpu_instance_type="p5.48xlarge", model_id="Qwen/Qwen3-14B")) == "cuda"
+
+
+def test_head_on_system_nodes_without_gpu(rayservice: dict[str, Any]) -> None:
+    head = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    pod = head["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "system"}
+    assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"])
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_worker_groups_request_gpu_and_efa_on_gpu_nodes(rayservice: dict[str, Any], side: str) -> None:
+    (group,) = [g for g in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == side]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
+    assert json.loads(json.loads(group["rayStartParams"]["resources"])) == {side: 1}
+    pod = group["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "gpu-worker"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    container = pod["containers"][0]
+    for kind in ("requests", "limits"):
+        assert container["resources"][kind]["nvidia.com/gpu"] == "1"
+        assert container["resources"][kind]["vpc.amazonaws.com/efa"] == "1"
+    # Fits a g6.8xlarge (32 vCPU, 128 GiB) with room for the kubelet and DaemonSets.
+    assert int(container["resources"]["requests"]["cpu"]) <= 28
+    assert int(container["resources"]["requests"]["memory"].removesuffix("Gi")) <= 100
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["FI_PROVIDER"] == "efa"
+    assert "FI_EFA_USE_DEVICE_RDMA" not in env
+    assert not any(name.startswith("VLLM_NIXL_SIDE_CHANNEL") for name in env)
+    shm = [v for v in pod["volumes"] if v["name"] == "dshm"]
+    assert shm == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_rdma_instance_sets_device_rdma() -> None:
+    doc = serve_config.rayservice(
+        Settings(gpu_instance_type="p5.48xlarge"),
+        system_node_labels={"role": "system"},
+        gpu_node_labels={"role": "gpu-worker"},
+        gpu_toleration={"key": "k", "operator": "Exists", "effect": "NoSchedule"},
+    )
+    env = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"} in env
+
+
+def test_hf_token_only_as_secret_reference() -> None:
+    doc = serve_config.rayservice(
+        Settings(hf_token_secret_name="prod/hf-token"),
+        system_node_labels={},
+        gpu_node_labels={},
+        gpu_toleration={},
+    )
+    worker = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    (token,) = [e for e in worker["env"] if e["name"] == "HF_TOKEN"]
+    assert "value" not in token
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    assert "HF_TOKEN" not in doc["spec"]["serveConfigV2"]
+
+
+def test_replica_counts_scale_independently() -> None:
+    settings = Settings(prefill_replicas=2, decode_replicas=1)
+    assert settings.gpu_nodes == 3
+    doc = serve_config.rayservice(settings, system_node_labels={}, gpu_node_labels={}, gpu_toleration={})
+    groups = {g["groupName"]: g for g in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    assert (groups["prefill"]["replicas"], groups["prefill"]["maxReplicas"]) == (2, 2)
+    assert (groups["decode"]["replicas"], groups["decode"]["maxReplicas"]) == (1, 1)
+    assert _args(doc)["prefill_config"]["deployment_config"]["num_replicas"] == 2
+
+
+def test_image_ray_version_is_the_validated_one(rayservice: dict[str, Any]) -> None:
+    assert rayservice["spec"]["rayClusterConfig"]["rayVersion"] == IMAGE_RAY_VERSION
+    pins = (ROOT / "requirements-serve.txt").read_text()
+    assert f"ray[serve,llm]=={IMAGE_RAY_VERSION}" in pins
+
+
+# --- Our own checks, and that each can fail ----------------------------------------
+
+
+def test_our_checks_pass(rayservice: dict[str, Any]) -> None:
+    assert problems(rayservice) == []
+
+
+def _mutate_args(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def apply(doc: dict[str, Any]) -> None:
+        serve_doc = yaml.safe_load(doc["spec"]["serveConfigV2"])
+        fn(serve_doc["applications"][0]["args"])
+        doc["spec"]["serveConfigV2"] = yaml.safe_dump(serve_doc)
+
+    return apply
+
+
+def _groups(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    return groups
+
+
+def _kv(args: dict[str, Any], side: str) -> dict[str, Any]:
+    kv: dict[str, Any] = args[f"{side}_config"]["engine_kwargs"]["kv_transfer_config"]
+    return kv
+
+
+BROKEN: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "ucx": (_mutate_args(lambda a: _kv(a, "decode")["kv_connector_extra_config"].update(backends=["UCX"])), "backends"),
+    "no-backends": (_mutate_args(lambda a: _kv(a, "prefill").pop("kv_connector_extra_config")), "backends"),
+    "same-engine-id": (_mutate_args(lambda a: _kv(a, "decode").update(engine_id="prefill")), "engine ids"),
+    "block-sizes": (_mutate_args(lambda a: a["decode_config"]["engine_kwargs"].update(block_size=32)), "block_size"),
+    "unadvertised": (lambda d: _groups(d)[0]["rayStartParams"].pop("resources"), "advertised by no"),
+    "advertised-twice": (
+        lambda d: _groups(d)[1]["rayStartParams"].update(resources=_groups(d)[0]["rayStartParams"]["resources"]),
+        "must be exactly one",
+    ),
+    "replicas-out-of-range": (lambda d: _groups(d)[0].update(replicas=3), "not within"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_our_checks_reject_broken_variants(rayservice: dict[str, Any], name: str) -> None:
+    broken = copy.deepcopy(rayservice)
+    mutate, expected = BROKEN[name]
+    mutate(broken)
+    found = problems(broken)
+    assert any(expected in p for p in found), found
+
+
+# --- Ray's and vLLM's own validators --------------------------------------------------
+
+
+@serve
+def test_installed_ray_is_the_image_ray() -> None:
+    require_serve_deps()
+    import ray
+
+    assert ray.__version__ == IMAGE_RAY_VERSION
+
+
+@serve
+def test_serve_config_v2_passes_serve_deploy_schema(rayservice: dict[str, Any]) -> None:
+    require_serve_deps()
+    from ray.serve.schema import ServeDeploySchema
+
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(rayservice["spec"]["serveConfigV2"]))
+    assert schema.applications[0].import_path == "ray.serve.llm:build_pd_openai_app"
+
+
+@serve
+def test_serve_deploy_schema_rejects_a_misspelled_field(rayservice: dict[str, Any]) -> None:
+    require_serve_deps()
+    from ray.serve.schema import ServeDeploySchema
+
+    doc = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    doc["applications"][0]["import_pth"] = doc["applications"][0].pop("import_path")
+    with pytest.raises(ValueError, match=r"import_pth|import_path"):
+        ServeDeploySchema.model_validate(doc)
+
+
+def _deployments(args: dict[str, Any]) -> dict[str, Any]:
+    from ray.serve._private.build_app import build_app
+    from ray.serve.llm import build_pd_openai_app
+
+    built = build_app(build_pd_openai_app(args), name="llm")
+    return {d.name: d for d in built.deployments}
+
+
+@serve
+@one_ray
+def test_build_pd_openai_app_builds_prefill_and_decode(rayservice: dict[str, Any], local_ray: None) -> None:
+    deployments = _deployments(_args(rayservice))
+    for side, prefix in (("prefill", "Prefill:"), ("decode", "Decode:")):
+        (name,) = [n for n in deployments if n.startswith(prefix)]
+        bundles = deployments[name]._replica_config.placement_group_bundles
+        assert bundles
+        assert all(bundle.get(side) == 1 and bundle.get("GPU") == 1 for bundle in bundles), bundles
+    assert len(deployments) == 3  # ingress, decode, prefill
+
+
+@serve
+@one_ray
+def test_build_pd_openai_app_rejects_mismatched_model_ids(rayservice: dict[str, Any], local_ray: None) -> None:
+    args = copy.deepcopy(_args(rayservice))
+    args["decode_config"]["model_loading_config"]["model_id"] = "other/model"
+    with pytest.raises(ValueError, match="model id mismatch"):
+        _deployments(args)
+
+
+@serve
+def test_llm_config_rejects_an_unknown_key(rayservice: dict[str, Any]) -> None:
+    require_serve_deps()
+    from ray.serve.llm import LLMConfig
+
+    config = copy.deepcopy(_args(rayservice)["prefill_config"])
+    config["placement_group_confg"] = config.pop("placement_group_config")
+    with pytest.raises(ValueError, match="placement_group_confg"):
+        LLMConfig.model_validate(config)
+
+
+@serve
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_vllm_accepts_engine_kwargs_and_kv_transfer_config(rayservice: dict[str, Any], side: str) -> None:
+    require_serve_deps()
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    config = _args(rayservice)[f"{side}_config"]
+    engine = dict(config["engine_kwargs"])
+    kv = KVTransferConfig(**engine.pop("kv_transfer_config"))
+    assert kv.is_kv_transfer_instance
+    args = AsyncEngineArgs(model=config["model_loading_config"]["model_source"], kv_transfer_config=kv, **engine)
+    assert args.block_size == 16
+
+
+@serve
+def test_vllm_rejects_a_bad_kv_role(rayservice: dict[str, Any]) -> None:
+    require_serve_deps()
+    from vllm.config import KVTransferConfig
+
+    kv = dict(_args(rayservice)["prefill_config"]["engine_kwargs"]["kv_transfer_config"])
+    kv["kv_role"] = "kv_all"
+    with pytest.raises(ValueError, match="kv_role"):
+        KVTransferConfig(**kv)
+
+
+@serve
+def test_vllm_rejects_a_misspelled_engine_argument(rayservice: dict[str, Any]) -> None:
+    require_serve_deps()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    engine = dict(_args(rayservice)["decode_config"]["engine_kwargs"])
+    engine.pop("kv_transfer_config")
+    engine["max_model_lenn"] = engine.pop("max_model_len")
+    with pytest.raises(TypeError, match="max_model_lenn"):
+        AsyncEngineArgs(model="m", **engine)
+
+
+def test_serve_data_files_are_the_ones_loaded() -> None:
+    here = Path(serve_config.__file__).parent
+    assert yaml.safe_load((here / "pd_application.yaml").read_text()) == serve_config.application_data()
