@@ -10,6 +10,7 @@ from typing import cast
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
@@ -33,6 +34,15 @@ ALL_CONTROL_PLANE_LOGS = (
 def as_icluster(cluster: eks.Cluster) -> eks.ICluster:
     """Cluster as ICluster: jsii's generated protocol lists a member the class stub lacks."""
     return cast(eks.ICluster, cluster)
+
+
+def pod_identity_role(scope: Construct, construct_id: str) -> iam.Role:
+    """A role that EKS Pod Identity may hand to one service account (bound by its association)."""
+    return iam.Role(
+        scope,
+        construct_id,
+        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+    )
 
 
 def kubectl_layer(scope: Construct, kubernetes_version: str) -> lambda_.ILayerVersion:
@@ -59,6 +69,8 @@ class EksCluster(Construct):
     Attributes:
         cluster: the aws_eks_v2 Cluster.
         secrets_key: the KMS key that encrypts Kubernetes secrets.
+        pod_identity_agent, vpc_cni: the EKS add-ons; node_prerequisites holds both,
+            for node groups to depend on.
     """
 
     def __init__(
@@ -102,6 +114,30 @@ class EksCluster(Construct):
                 private_subnets=private_subnets.subnets,
             ),
         )
+        # Pod Identity: the agent on every node, and the VPC CNI's EC2
+        # permissions on its own service account instead of the node role.
+        self.pod_identity_agent = eks.CfnAddon(
+            self, "PodIdentityAgent", addon_name="eks-pod-identity-agent", cluster_name=self.cluster.cluster_name
+        )
+        self.vpc_cni_role = pod_identity_role(self, "VpcCniRole")
+        self.vpc_cni_role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name("AmazonEKS_CNI_Policy"))
+        self.vpc_cni = eks.CfnAddon(
+            self,
+            "VpcCni",
+            addon_name="vpc-cni",
+            cluster_name=self.cluster.cluster_name,
+            # EKS bootstrapped aws-node as a self-managed DaemonSet; the add-on takes it over.
+            resolve_conflicts="OVERWRITE",
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=self.vpc_cni_role.role_arn, service_account="aws-node"
+                )
+            ],
+        )
+        self.vpc_cni.node.add_dependency(self.pod_identity_agent)
+        # Node groups join only once both are in place (the stack adds that).
+        self.node_prerequisites = (self.pod_identity_agent, self.vpc_cni)
+
         admin = eks.AccessPolicy.from_access_policy_name(
             "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER
         )

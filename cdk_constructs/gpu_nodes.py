@@ -9,7 +9,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from cdk_constructs.launch_template import LT, node_launch_template_data
+from cdk_constructs.node_common import LT, node_launch_template_data, node_role
 
 GPU_NODE_LABELS: Mapping[str, str] = {"role": "gpu-worker"}
 GPU_TAINT_KEY = "nvidia.com/gpu"
@@ -96,6 +96,7 @@ class EfaGpuNodes(Construct):
         data = node_launch_template_data(volume_gib=volume_gib, pods_reach_imds=pods_reach_imds, **extra)
         self.launch_template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data=data)
 
+        self.role = node_role(self, "NodeRole")
         self.nodegroup = cluster.add_nodegroup_capacity(
             "GpuNodes",
             # aws-cdk would pick an AL2 GPU AMI for g6; AL2 has no 1.33+ AMIs.
@@ -112,4 +113,5 @@ class EfaGpuNodes(Construct):
             ),
             # Two fixed GPUs: replace one node at a time.
             max_unavailable=1,
+            node_role=self.role,
         )

@@ -8,7 +8,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from cdk_constructs.launch_template import node_launch_template_data
+from cdk_constructs.node_common import node_launch_template_data, node_role
 
 SYSTEM_NODE_LABELS: Mapping[str, str] = {"role": "system"}
 
@@ -48,6 +48,7 @@ class SystemNodes(Construct):
             "LaunchTemplate",
             launch_template_data=node_launch_template_data(volume_gib=volume_gib, pods_reach_imds=pods_reach_imds),
         )
+        self.role = node_role(self, "NodeRole")
         self.nodegroup = cluster.add_nodegroup_capacity(
             "SystemNodes",
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
@@ -61,4 +62,5 @@ class SystemNodes(Construct):
                 id=launch_template.ref, version=launch_template.attr_latest_version_number
             ),
             max_unavailable=1,
+            node_role=self.role,
         )

@@ -16,32 +16,35 @@ def _policy(name: str) -> str:
     return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]"
 
 
-# The roles EKS itself requires; AWS maintains these policies for exactly
-# these principals, and a copy would drift from them.
+# AWS maintains these policies for exactly these principals; a copy would drift.
 _NODE_ROLE_REASONS = {
     _policy("AmazonEKSWorkerNodePolicy"): "EKS managed nodes must carry AmazonEKSWorkerNodePolicy to join the cluster",
-    _policy(
-        "AmazonEC2ContainerRegistryReadOnly"
-    ): "Nodes pull the EKS add-on and Ray images from ECR; AWS's read-only policy is the documented minimum",
-    _policy(
-        "AmazonEKS_CNI_Policy"
-    ): "The VPC CNI on each node assigns pod IPs; EKS documents this policy for the node role",
+    _policy("AmazonEC2ContainerRegistryPullOnly"): (
+        "Nodes pull EKS add-on images from ECR; PullOnly is AWS's narrowest ECR policy for nodes"
+    ),
 }
 _PROVIDER_ROLE_REASONS = {
     _policy("service-role/AWSLambdaBasicExecutionRole"): "aws-cdk's kubectl provider Lambda: CloudWatch Logs only",
-    _policy(
-        "service-role/AWSLambdaVPCAccessExecutionRole"
-    ): "aws-cdk's kubectl provider Lambda runs in the private subnets to reach a private endpoint",
+    _policy("service-role/AWSLambdaVPCAccessExecutionRole"): (
+        "aws-cdk's kubectl provider Lambda runs in the private subnets to reach a private endpoint"
+    ),
 }
 
+# Construct path (below the stack) -> {finding: reason}. Every path must exist.
 ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {
     "Eks/Cluster/Role": {
         _policy(
             "AmazonEKSClusterPolicy"
         ): "The EKS service role must carry AmazonEKSClusterPolicy; EKS documents no narrower set",
     },
-    "Eks/Cluster/NodegroupSystemNodes/NodeGroupRole": _NODE_ROLE_REASONS,
-    "Eks/Cluster/NodegroupGpuNodes/NodeGroupRole": _NODE_ROLE_REASONS,
+    "Eks/VpcCniRole": {
+        _policy("AmazonEKS_CNI_Policy"): (
+            "The VPC CNI's own Pod Identity role (service account aws-node only), as EKS documents; "
+            "kept off the node roles"
+        ),
+    },
+    "SystemNodes/NodeRole": _NODE_ROLE_REASONS,
+    "GpuNodes/NodeRole": _NODE_ROLE_REASONS,
     "Eks/Cluster/KubectlProvider/Handler/ServiceRole": {
         **_PROVIDER_ROLE_REASONS,
         _policy(
@@ -58,6 +61,9 @@ ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {
         "AwsSolutions-L1": "The kubectl handler's runtime is chosen by aws-cdk-lib and moves with it; not ours to pin",
     },
 }
+
+# For constructs that exist only when a setting turns them on.
+OPTIONAL_ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {}
 
 
 def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:
@@ -79,10 +85,15 @@ def _ecr_public_rule(stack: cdk.Stack) -> str:
 def acknowledge_findings(stack: cdk.Stack) -> int:
     """Apply every acknowledgement to its one construct; returns how many."""
     count = 0
-    for path, rules in ACKNOWLEDGEMENTS.items():
-        scope: IConstruct = stack
+    optional = {path: (rules, False) for path, rules in OPTIONAL_ACKNOWLEDGEMENTS.items()}
+    for path, (rules, required) in {**optional, **{p: (r, True) for p, r in ACKNOWLEDGEMENTS.items()}}.items():
+        scope: IConstruct | None = stack
         for part in path.split("/"):
-            scope = scope.node.find_child(part)
+            scope = scope.node.try_find_child(part) if scope is not None else None
+        if scope is None:
+            if required:
+                raise LookupError(f"cdk-nag acknowledgement for {path}: no such construct")
+            continue
         for rule, reason in rules.items():
             acknowledge(scope, rule, reason)
             count += 1

@@ -99,6 +99,8 @@ class PdInferenceStack(Stack):
         # Deletion runs in reverse: RayService, then Helm releases, then node
         # groups, then the cluster. The releases wait for nodes to exist so
         # their pods schedule; the RayService needs the CRDs and device plugins.
+        for nodegroup in (system_nodes.nodegroup, gpu_nodes.nodegroup):
+            nodegroup.node.add_dependency(*eks_cluster.node_prerequisites)
         for release in addons.releases:
             release.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
         service.namespace_manifest.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)

@@ -1,12 +1,28 @@
-"""Launch template data shared by every node group."""
+"""What every managed node group shares: its launch template data and its IAM role."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from constructs import Construct
 
 LT = ec2.CfnLaunchTemplate
+
+# What a node needs to join and pull images, nothing more: the VPC CNI gets
+# its EC2 permissions through Pod Identity (cdk_constructs/cluster.py), not here.
+NODE_MANAGED_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly")
+
+
+def node_role(scope: Construct, construct_id: str) -> iam.Role:
+    """The instance role of a node group, with only NODE_MANAGED_POLICIES."""
+    return iam.Role(
+        scope,
+        construct_id,
+        assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(name) for name in NODE_MANAGED_POLICIES],
+    )
 
 
 def node_launch_template_data(*, volume_gib: int, pods_reach_imds: bool, **extra: Any) -> LT.LaunchTemplateDataProperty:
