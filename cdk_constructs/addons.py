@@ -10,11 +10,94 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from cdk_constructs.cluster import as_icluster
-from settings.catalog import EFA_DEVICE_PLUGIN, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, HelmChartPin
+from settings.catalog import (
+    EFA_DEVICE_PLUGIN,
+    KUBECTL_IMAGE,
+    KUBERAY_CRDS,
+    KUBERAY_OPERATOR,
+    NVIDIA_DEVICE_PLUGIN,
+    HelmChartPin,
+    kuberay_crd_urls,
+)
+
+CRD_UPGRADER = "kuberay-crd-upgrader"
 
 
 def kuberay_operator_values(system_node_labels: Mapping[str, str]) -> dict[str, Any]:
     return {"nodeSelector": dict(system_node_labels)}
+
+
+def kuberay_crd_upgrade(system_node_labels: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A ServiceAccount, its CRD-only RBAC and a Job that applies the pinned KubeRay CRDs server-side.
+
+    The Job's name carries the chart version: a version bump makes a new Job
+    (Job templates are immutable) and the kubectl provider prunes the old one.
+    Server-side apply keeps no last-applied annotation, so 1 MB CRDs fit.
+    """
+    pin = KUBERAY_OPERATOR
+    crd_names = [f"{name}.ray.io" for name in KUBERAY_CRDS]
+    crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"]}
+    apply_args = ["apply", "--server-side", "--force-conflicts", f"--field-manager={CRD_UPGRADER}"]
+    for url in kuberay_crd_urls(pin.version):
+        apply_args += ["-f", url]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": CRD_UPGRADER, "namespace": pin.namespace}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": CRD_UPGRADER},
+            "rules": [
+                {
+                    "apiGroups": ["apiextensions.k8s.io"],
+                    "resources": ["customresourcedefinitions"],
+                    "resourceNames": crd_names,
+                    "verbs": ["get", "patch", "update"],
+                },
+                # create cannot be limited by name; a missing CRD is created.
+                {
+                    "apiGroups": ["apiextensions.k8s.io"],
+                    "resources": ["customresourcedefinitions"],
+                    "verbs": ["create"],
+                },
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": CRD_UPGRADER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CRD_UPGRADER},
+            "subjects": [{"kind": "ServiceAccount", "name": CRD_UPGRADER, "namespace": pin.namespace}],
+        },
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"kuberay-crds-{pin.version.replace('.', '-')}", "namespace": pin.namespace},
+            "spec": {
+                "backoffLimit": 6,
+                "template": {
+                    "spec": {
+                        "serviceAccountName": CRD_UPGRADER,
+                        "restartPolicy": "OnFailure",
+                        "nodeSelector": dict(system_node_labels),
+                        "containers": [
+                            {
+                                "name": "apply-crds",
+                                "image": KUBECTL_IMAGE,
+                                "args": apply_args,
+                                "securityContext": {
+                                    "runAsNonRoot": True,
+                                    "runAsUser": 65532,
+                                    "readOnlyRootFilesystem": True,
+                                    "allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                            }
+                        ],
+                    }
+                },
+            },
+        },
+    ]
 
 
 def device_plugin_values(gpu_node_labels: Mapping[str, str], gpu_toleration: Mapping[str, str]) -> dict[str, Any]:
@@ -33,9 +116,9 @@ class ClusterAddons(Construct):
 
     Attributes:
         kuberay_operator: the operator release, which also installs the ray.io CRDs.
+        kuberay_crd_upgrade: the manifests that upgrade those CRDs when the version changes.
         nvidia_device_plugin, efa_device_plugin: the device plugin releases.
         releases: all three, for dependencies.
-        values: release name -> the values given to it, for review and tests.
     """
 
     def __init__(
@@ -49,13 +132,22 @@ class ClusterAddons(Construct):
         gpu_toleration: Mapping[str, str],
     ) -> None:
         super().__init__(scope, construct_id)
-        self.values: dict[str, dict[str, Any]] = {}
         self.kuberay_operator = self._release(
             cluster, "KubeRayOperator", KUBERAY_OPERATOR, kuberay_operator_values(system_node_labels)
         )
         plugin_values = device_plugin_values(gpu_node_labels, gpu_toleration)
         self.nvidia_device_plugin = self._release(cluster, "NvidiaDevicePlugin", NVIDIA_DEVICE_PLUGIN, plugin_values)
         self.efa_device_plugin = self._release(cluster, "EfaDevicePlugin", EFA_DEVICE_PLUGIN, plugin_values)
+        # One manifest per object, in order: the Job needs its account and RBAC.
+        previous: Construct = self.kuberay_operator
+        self.kuberay_crd_upgrade: list[eks.KubernetesManifest] = []
+        for doc in kuberay_crd_upgrade(system_node_labels):
+            manifest = eks.KubernetesManifest(
+                self, f"KubeRayCrdUpgrade{doc['kind']}", cluster=as_icluster(cluster), manifest=[doc]
+            )
+            manifest.node.add_dependency(previous)
+            self.kuberay_crd_upgrade.append(manifest)
+            previous = manifest
         self.releases: tuple[eks.HelmChart, ...] = (
             self.kuberay_operator,
             self.nvidia_device_plugin,
@@ -65,7 +157,6 @@ class ClusterAddons(Construct):
     def _release(
         self, cluster: eks.Cluster, construct_id: str, pin: HelmChartPin, values: dict[str, Any]
     ) -> eks.HelmChart:
-        self.values[pin.release] = values
         return eks.HelmChart(
             self,
             construct_id,

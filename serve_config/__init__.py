@@ -140,6 +140,7 @@ def rayservice(
     cluster = spec["rayClusterConfig"]
     cluster["rayVersion"] = IMAGE_RAY_VERSION
 
+    cluster["headGroupSpec"]["template"]["metadata"] = {"labels": pod_labels(settings)}
     head_pod = cluster["headGroupSpec"]["template"]["spec"]
     head_pod["nodeSelector"] = dict(system_node_labels)
     head = head_pod["containers"][0]
@@ -154,6 +155,7 @@ def rayservice(
         group.update({"groupName": side, "replicas": count, "minReplicas": count, "maxReplicas": count})
         # The custom resource each side's placement bundles ask for.
         group["rayStartParams"]["resources"] = json.dumps(json.dumps({side: 1}))
+        group["template"]["metadata"] = {"labels": pod_labels(settings)}
         pod = group["template"]["spec"]
         pod["nodeSelector"] = dict(gpu_node_labels)
         pod["tolerations"] = [dict(gpu_toleration)]
@@ -168,6 +170,16 @@ def rayservice(
     if found:
         raise ServeConfigError("serve_config/*.yaml: " + "; ".join(found))
     return doc
+
+
+def pod_labels(settings: Settings) -> dict[str, str]:
+    """Labels on every Ray pod of the service, for Services that select them."""
+    return {"app.kubernetes.io/name": settings.service_name}
+
+
+def serve_selector(settings: Settings) -> dict[str, str]:
+    """The pods whose Serve proxy is ready: KubeRay labels them ray.io/serve=true."""
+    return {**pod_labels(settings), "ray.io/serve": "true"}
 
 
 def serve_service_name(settings: Settings) -> str:

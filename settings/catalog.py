@@ -68,6 +68,39 @@ EFA_DEVICE_PLUGIN = HelmChartPin(
     release="aws-efa-k8s-device-plugin",
     namespace="kube-system",
 )
+# Helm installs a chart's CRDs once and never upgrades them (ray-project/kuberay#3133):
+# a Job applies these, server-side, whenever KUBERAY_OPERATOR.version changes.
+# RayCronJob is left out: whether v1.7.0 ships it is unconfirmed here, and this
+# stack does not use it.
+KUBERAY_CRDS = ("rayclusters", "rayjobs", "rayservices")
+# The kubectl image of the sig-release project; unconfirmed offline that this
+# exact tag is published; change it here.
+KUBECTL_IMAGE = "registry.k8s.io/kubectl:v1.36.0"
+
+
+def kuberay_crd_urls(version: str) -> list[str]:
+    base = f"https://raw.githubusercontent.com/ray-project/kuberay/v{version}/helm-chart/kuberay-operator/crds"
+    return [f"{base}/ray.io_{name}.yaml" for name in KUBERAY_CRDS]
+
+
+# Installed only when a setting asks for it.
+# external-secrets/external-secrets deploy/charts/external-secrets/Chart.yaml (2.0.0, appVersion v2.0.0).
+EXTERNAL_SECRETS = HelmChartPin(
+    chart="external-secrets",
+    repository="https://charts.external-secrets.io",
+    version="2.0.0",
+    release="external-secrets",
+    namespace="external-secrets",
+)
+# aws-cdk-lib 2.275 AlbControllerVersion.V3_2_2 (chart 3.2.2); its IAM policy is
+# vendored from the same package in cdk_constructs/policies/.
+AWS_LOAD_BALANCER_CONTROLLER = HelmChartPin(
+    chart="aws-load-balancer-controller",
+    repository="https://aws.github.io/eks-charts",
+    version="3.2.2",
+    release="aws-load-balancer-controller",
+    namespace="kube-system",
+)
 
 
 # --- Container image ---------------------------------------------------------

@@ -78,6 +78,8 @@ class Settings:
     serving_namespace: str = "llm"
     service_name: str = "pd-llm"
     hf_token_secret_name: str | None = None
+    # An internal NLB for the endpoint, reachable only from these CIDRs; empty: none.
+    internal_endpoint_cidrs: tuple[str, ...] = ()
 
     @property
     def gpu_nodes(self) -> int:
@@ -289,5 +291,16 @@ def validate(s: Settings) -> Settings:
             "hf_token_secret_name",
             "hf_***",
             "the name of a Secrets Manager secret, not the token itself",
+        )
+    for cidr in s.internal_endpoint_cidrs:
+        try:
+            net = ipaddress.IPv4Network(cidr)
+        except ValueError:
+            net = None
+        _require(
+            net is not None and net.prefixlen > 0,
+            "internal_endpoint_cidrs",
+            cidr,
+            "IPv4 networks narrower than 0.0.0.0/0, e.g. 10.0.0.0/8",
         )
     return s

@@ -9,6 +9,8 @@ from __future__ import annotations
 import aws_cdk as cdk
 from constructs import IConstruct
 
+from settings.catalog import AWS_LOAD_BALANCER_CONTROLLER
+
 PACK = "AwsSolutions"
 
 
@@ -62,8 +64,30 @@ ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {
     },
 }
 
+_LBC_REASON = (
+    "AWS's published IAM policy for the AWS Load Balancer Controller {version} (vendored from aws-cdk-lib): "
+    "it creates load balancers, target groups and security groups whose names it cannot know in advance; "
+    "its mutating statements are conditioned on the elbv2.k8s.aws/cluster tag"
+)
+_LBC_RESOURCES = (
+    "*",
+    "arn:aws:ec2:*:*:security-group/*",
+    "arn:aws:elasticloadbalancing:*:*:loadbalancer/app/*/*",
+    "arn:aws:elasticloadbalancing:*:*:loadbalancer/net/*/*",
+    "arn:aws:elasticloadbalancing:*:*:targetgroup/*/*",
+    "arn:aws:elasticloadbalancing:*:*:listener-rule/app/*/*/*",
+    "arn:aws:elasticloadbalancing:*:*:listener-rule/net/*/*/*",
+    "arn:aws:elasticloadbalancing:*:*:listener/app/*/*/*",
+    "arn:aws:elasticloadbalancing:*:*:listener/net/*/*/*",
+)
+
 # For constructs that exist only when a setting turns them on.
-OPTIONAL_ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {}
+OPTIONAL_ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {
+    "PrivateEndpoint/Policy": {
+        f"AwsSolutions-IAM5[Resource::{resource}]": _LBC_REASON.format(version=AWS_LOAD_BALANCER_CONTROLLER.version)
+        for resource in _LBC_RESOURCES
+    },
+}
 
 
 def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:

@@ -12,7 +12,9 @@ from cdk_constructs.addons import ClusterAddons
 from cdk_constructs.cluster import EksCluster
 from cdk_constructs.gpu_nodes import EfaGpuNodes, gpu_toleration
 from cdk_constructs.llm_service import LlmService
+from cdk_constructs.model_token import ModelTokenSync
 from cdk_constructs.network import Network
+from cdk_constructs.private_endpoint import PrivateEndpoint
 from cdk_constructs.system_nodes import SystemNodes
 from settings import Settings
 from settings.catalog import REGION_AZS
@@ -95,6 +97,44 @@ class PdInferenceStack(Stack):
                 gpu_toleration=gpu_toleration(),
             ),
         )
+        if settings.hf_token_secret_name is not None:
+            token = ModelTokenSync(
+                self,
+                "ModelToken",
+                cluster=cluster,
+                secret_name=settings.hf_token_secret_name,
+                namespace=settings.serving_namespace,
+                target_secret=serve_config.HF_TOKEN_SECRET,
+                target_key=serve_config.HF_TOKEN_SECRET_KEY,
+                system_node_labels=system_nodes.labels,
+            )
+            token.release.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
+            token.secret_store.node.add_dependency(service.namespace_manifest)
+            service.rayservice_manifest.node.add_dependency(token.external_secret)
+        if settings.internal_endpoint_cidrs:
+            endpoint = PrivateEndpoint(
+                self,
+                "PrivateEndpoint",
+                cluster=cluster,
+                vpc=network.vpc,
+                namespace=settings.serving_namespace,
+                service_name=f"{settings.service_name}-internal",
+                selector=serve_config.serve_selector(settings),
+                port=serve_config.SERVE_PORT,
+                source_cidrs=settings.internal_endpoint_cidrs,
+                system_node_labels=system_nodes.labels,
+            )
+            endpoint.release.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
+            endpoint.service.node.add_dependency(service.namespace_manifest)
+            CfnOutput(
+                self,
+                "InternalEndpointCommand",
+                value=(
+                    f"kubectl -n {settings.serving_namespace} get svc {settings.service_name}-internal "
+                    "-o jsonpath='{.status.loadBalancer.ingress[0].hostname}'"
+                ),
+                description="Prints the internal NLB's DNS name (port 8000)",
+            )
 
         # Deletion runs in reverse: RayService, then Helm releases, then node
         # groups, then the cluster. The releases wait for nodes to exist so
@@ -104,7 +144,7 @@ class PdInferenceStack(Stack):
         for release in addons.releases:
             release.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
         service.namespace_manifest.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
-        service.rayservice_manifest.node.add_dependency(*addons.releases)
+        service.rayservice_manifest.node.add_dependency(*addons.releases, addons.kuberay_crd_upgrade[-1])
 
         region = self.region
         CfnOutput(self, "ClusterName", value=cluster.cluster_name, description="EKS cluster name")

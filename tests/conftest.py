@@ -48,14 +48,45 @@ def only(template: dict[str, Any], type_: str, **match: Any) -> dict[str, Any]:
     return found[0]
 
 
+def render(value: Any) -> str:
+    """A string property as text, with CloudFormation references shown as ${...} placeholders."""
+    if isinstance(value, str):
+        return value
+    if "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return str(separator).join(render(part) for part in parts)
+    if "Ref" in value:
+        return "${" + str(value["Ref"]) + "}"
+    if "Fn::GetAtt" in value:
+        return "${" + ".".join(value["Fn::GetAtt"]) + "}"
+    raise AssertionError(f"cannot render {value}")
+
+
 def manifests(template: dict[str, Any]) -> list[dict[str, Any]]:
     """Every Kubernetes object the stack applies with kubectl, decoded."""
     docs: list[dict[str, Any]] = []
     for r in resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values():
-        manifest = r["Properties"]["Manifest"]
-        assert isinstance(manifest, str), "a manifest with CloudFormation tokens cannot be reviewed or validated"
-        docs.extend(json.loads(manifest))
+        docs.extend(json.loads(render(r["Properties"]["Manifest"])))
     return docs
+
+
+def manifest_resource(template: dict[str, Any], kind: str) -> str:
+    """The logical id of the one manifest resource that applies an object of this kind."""
+    found = [
+        logical_id
+        for logical_id, r in resources(template, "Custom::AWSCDK-EKS-KubernetesResource").items()
+        if any(doc.get("kind") == kind for doc in json.loads(render(r["Properties"]["Manifest"])))
+    ]
+    assert len(found) == 1, f"{kind}: {found}"
+    return found[0]
+
+
+def helm_releases(template: dict[str, Any]) -> dict[str, str]:
+    """Release name -> logical id of its Helm chart resource."""
+    return {
+        r["Properties"]["Release"]: logical_id
+        for logical_id, r in resources(template, "Custom::AWSCDK-EKS-HelmChart").items()
+    }
 
 
 def rayservice_from(template: dict[str, Any]) -> dict[str, Any]:

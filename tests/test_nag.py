@@ -11,7 +11,7 @@ from stacks.nag_acknowledgements import ACKNOWLEDGEMENTS, OPTIONAL_ACKNOWLEDGEME
 from tests.conftest import CDK_JSON_CONTEXT, only, synth
 
 REVIEWED_DEFAULT = 14
-REVIEWED_OPTIONAL = 0
+REVIEWED_OPTIONAL = 9
 
 
 def test_nag_passes_on_defaults(template: dict[str, Any]) -> None:

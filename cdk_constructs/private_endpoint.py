@@ -1,0 +1,124 @@
+"""Optional: an internal Network Load Balancer in front of the serve endpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Aws, Duration
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from cdk_constructs.cluster import as_icluster, pod_identity_role
+from settings.catalog import AWS_LOAD_BALANCER_CONTROLLER
+
+POLICY_FILE = (
+    Path(__file__).parent / "policies" / f"aws-load-balancer-controller-v{AWS_LOAD_BALANCER_CONTROLLER.version}.json"
+)
+
+
+def internal_nlb_service(
+    *, name: str, namespace: str, selector: Mapping[str, str], port: int, source_cidrs: Sequence[str]
+) -> dict[str, Any]:
+    """A LoadBalancer Service the AWS Load Balancer Controller turns into an internal NLB."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {
+                "service.beta.kubernetes.io/aws-load-balancer-type": "external",
+                "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+                "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+            },
+        },
+        "spec": {
+            "type": "LoadBalancer",
+            "loadBalancerClass": "service.k8s.aws/nlb",
+            "loadBalancerSourceRanges": list(source_cidrs),
+            "selector": dict(selector),
+            "ports": [{"name": "serve", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+class PrivateEndpoint(Construct):
+    """The AWS Load Balancer Controller (Helm, Pod Identity) and one internal NLB Service.
+
+    Only the serve port is behind the NLB, and only the listed CIDRs reach it;
+    the Ray dashboard and GCS stay on the cluster-internal head Service.
+
+    Args:
+        cluster: the cluster; vpc: its VPC (the controller is told it, not left to IMDS,
+            which pods cannot reach at hop limit 1).
+        namespace / service_name / selector / port: the Service to create.
+        source_cidrs: who may connect.
+        system_node_labels: where the controller runs.
+
+    Attributes:
+        release: the controller's Helm release; service: the Service manifest.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster: eks.Cluster,
+        vpc: ec2.IVpc,
+        namespace: str,
+        service_name: str,
+        selector: Mapping[str, str],
+        port: int,
+        source_cidrs: Sequence[str],
+        system_node_labels: Mapping[str, str],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        pin = AWS_LOAD_BALANCER_CONTROLLER
+        self.role = pod_identity_role(self, "Role")
+        document = iam.PolicyDocument.from_json(json.loads(POLICY_FILE.read_text()))
+        iam.Policy(self, "Policy", document=document, roles=[self.role])
+        eks.CfnPodIdentityAssociation(
+            self,
+            "PodIdentity",
+            cluster_name=cluster.cluster_name,
+            namespace=pin.namespace,
+            service_account=pin.release,
+            role_arn=self.role.role_arn,
+        )
+        self.release = eks.HelmChart(
+            self,
+            "Controller",
+            cluster=as_icluster(cluster),
+            chart=pin.chart,
+            repository=pin.repository,
+            version=pin.version,
+            release=pin.release,
+            namespace=pin.namespace,
+            values={
+                "clusterName": cluster.cluster_name,
+                "region": Aws.REGION,
+                "vpcId": vpc.vpc_id,
+                "serviceAccount": {"name": pin.release},
+                "nodeSelector": dict(system_node_labels),
+            },
+            timeout=Duration.minutes(10),
+        )
+        self.service = eks.KubernetesManifest(
+            self,
+            "Service",
+            cluster=as_icluster(cluster),
+            manifest=[
+                internal_nlb_service(
+                    name=service_name, namespace=namespace, selector=selector, port=port, source_cidrs=source_cidrs
+                )
+            ],
+        )
+        # Deleted before the controller, so the controller is still there to
+        # remove the NLB (kubectl delete waits for its finalizer).
+        self.service.node.add_dependency(self.release)

@@ -1,0 +1,165 @@
+"""Security invariants of issue 5, asserted on the synthesized template."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CDK_JSON_CONTEXT, ROOT, helm_releases, manifests, only, render, resources, synth
+
+TOKEN_SETTINGS = {"hf_token_secret_name": "prod/hf-token", "model_id": "meta-llama/Llama-3.1-8B-Instruct"}
+NLB_SETTINGS = {"internal_endpoint_cidrs": "10.0.0.0/8,192.168.10.0/24"}
+
+
+def _launch_templates(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r["Properties"]["LaunchTemplateData"] for r in resources(template, "AWS::EC2::LaunchTemplate").values()]
+
+
+def test_every_node_imdsv2_hop_limit_1_and_encrypted_gp3(template: dict[str, Any]) -> None:
+    assert len(resources(template, "AWS::EKS::Nodegroup")) == 2
+    for group in resources(template, "AWS::EKS::Nodegroup").values():
+        assert "LaunchTemplate" in group["Properties"]
+    for data in _launch_templates(template):
+        assert data["MetadataOptions"] == {
+            "HttpEndpoint": "enabled",
+            "HttpPutResponseHopLimit": 1,
+            "HttpTokens": "required",
+        }
+        for disk in data["BlockDeviceMappings"]:
+            assert disk["Ebs"]["Encrypted"] is True
+            assert disk["Ebs"]["VolumeType"] == "gp3"
+
+
+def test_pod_imds_access_raises_hop_limit_only_when_asked() -> None:
+    for data in _launch_templates(synth(pod_imds_access="true")):
+        assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 2
+        assert data["MetadataOptions"]["HttpTokens"] == "required"
+
+
+def _policy_names(role: dict[str, Any]) -> set[str]:
+    return {render(arn).rsplit("/", 1)[-1] for arn in role["Properties"].get("ManagedPolicyArns", [])}
+
+
+def test_node_roles_have_only_what_nodes_need(template: dict[str, Any]) -> None:
+    node_roles = [
+        (logical_id, r)
+        for logical_id, r in resources(template, "AWS::IAM::Role").items()
+        if "ec2.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
+    ]
+    assert len(node_roles) == 2
+    for logical_id, role in node_roles:
+        assert _policy_names(role) == {"AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly"}
+        attached = [
+            p
+            for p in resources(template, "AWS::IAM::Policy").values()
+            if {"Ref": logical_id} in p["Properties"].get("Roles", [])
+        ]
+        assert attached == []
+
+
+def test_vpc_cni_uses_pod_identity_and_agent_is_installed(template: dict[str, Any]) -> None:
+    only(template, "AWS::EKS::Addon", AddonName="eks-pod-identity-agent")
+    cni = only(template, "AWS::EKS::Addon", AddonName="vpc-cni")["Properties"]
+    (association,) = cni["PodIdentityAssociations"]
+    assert association["ServiceAccount"] == "aws-node"
+    role = template["Resources"][association["RoleArn"]["Fn::GetAtt"][0]]
+    assert "pods.eks.amazonaws.com" in json.dumps(role["Properties"]["AssumeRolePolicyDocument"])
+    assert _policy_names(role) == {"AmazonEKS_CNI_Policy"}
+
+
+def test_secrets_envelope_encrypted_with_rotating_key(template: dict[str, Any]) -> None:
+    cluster = only(template, "AWS::EKS::Cluster")["Properties"]
+    key_id = cluster["EncryptionConfig"][0]["Provider"]["KeyArn"]["Fn::GetAtt"][0]
+    key = template["Resources"][key_id]
+    assert key["Type"] == "AWS::KMS::Key"
+    assert key["Properties"]["EnableKeyRotation"] is True
+
+
+def test_vpc_flow_logs(template: dict[str, Any]) -> None:
+    flow_log = only(template, "AWS::EC2::FlowLog")["Properties"]
+    assert flow_log["ResourceType"] == "VPC"
+    assert flow_log["TrafficType"] == "ALL"
+
+
+@pytest.mark.parametrize("overrides", [{}, NLB_SETTINGS, TOKEN_SETTINGS], ids=["defaults", "nlb", "token"])
+def test_no_security_group_open_to_the_world(overrides: dict[str, str]) -> None:
+    template = synth(**overrides)
+    rules = [r["Properties"] for r in resources(template, "AWS::EC2::SecurityGroupIngress").values()]
+    for group in resources(template, "AWS::EC2::SecurityGroup").values():
+        rules.extend(group["Properties"].get("SecurityGroupIngress", []))
+    assert rules, "no ingress rules at all: the check would be vacuous"
+    for rule in rules:
+        assert rule.get("CidrIp") != "0.0.0.0/0", rule
+        assert rule.get("CidrIpv6") != "::/0", rule
+
+
+def test_ray_dashboard_never_leaves_the_cluster(rayservice: dict[str, Any]) -> None:
+    head = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert head.get("serviceType", "ClusterIP") == "ClusterIP"
+    assert not head.get("enableIngress", False)
+    assert "serveService" not in rayservice["spec"]
+
+
+def test_internal_nlb_only_serves_port_8000_to_listed_cidrs() -> None:
+    template = synth(**NLB_SETTINGS)
+    (service,) = [m for m in manifests(template) if m["kind"] == "Service"]
+    annotations = service["metadata"]["annotations"]
+    assert annotations["service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
+    assert service["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8", "192.168.10.0/24"]
+    assert [p["port"] for p in service["spec"]["ports"]] == [8000]
+    assert service["spec"]["selector"]["ray.io/serve"] == "true"
+    assert "aws-load-balancer-controller" in helm_releases(template)
+    association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount="aws-load-balancer-controller")
+    assert association["Properties"]["Namespace"] == "kube-system"
+
+
+def test_no_nlb_by_default(template: dict[str, Any]) -> None:
+    assert "aws-load-balancer-controller" not in helm_releases(template)
+    assert not [m for m in manifests(template) if m["kind"] == "Service"]
+
+
+def test_token_synced_by_external_secrets_with_one_secret_policy() -> None:
+    template = synth(**TOKEN_SETTINGS)
+    association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount="external-secrets")
+    role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    (policy,) = [
+        p["Properties"]
+        for p in resources(template, "AWS::IAM::Policy").values()
+        if {"Ref": role_id} in p["Properties"]["Roles"]
+    ]
+    (statement,) = policy["PolicyDocument"]["Statement"]
+    assert sorted(statement["Action"]) == ["secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue"]
+    assert render(statement["Resource"]).endswith(":secret:prod/hf-token-??????")
+    kinds = {m["kind"]: m for m in manifests(template)}
+    external = kinds["ExternalSecret"]
+    assert external["spec"]["target"]["name"] == "hf-token"
+    assert external["spec"]["data"] == [{"secretKey": "token", "remoteRef": {"key": "prod/hf-token"}}]
+    assert kinds["SecretStore"]["spec"]["provider"]["aws"]["service"] == "SecretsManager"
+
+
+def test_token_value_never_reaches_template_or_assets(tmp_path: Path) -> None:
+    """Synth as the CLI runs it, with a token in the environment: no file in cdk.out holds it."""
+    token = "hf_" + "Zq7" * 12  # the shape of a real token, made up here
+    context = {**CDK_JSON_CONTEXT, **TOKEN_SETTINGS}
+    env = {
+        **os.environ,
+        "HF_TOKEN": token,
+        "HUGGING_FACE_HUB_TOKEN": token,
+        "CDK_CONTEXT_JSON": json.dumps(context),
+        "CDK_OUTDIR": str(tmp_path),
+    }
+    result = subprocess.run(
+        [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name.endswith(".template.json") for p in files)
+    leaked = [str(p) for p in files if token.encode() in p.read_bytes()]
+    assert leaked == []
+    assert token not in result.stdout + result.stderr
