@@ -47,18 +47,9 @@ def kuberay_crd_upgrade(system_node_labels: Mapping[str, str]) -> list[dict[str,
             "kind": "ClusterRole",
             "metadata": {"name": CRD_UPGRADER},
             "rules": [
-                {
-                    "apiGroups": ["apiextensions.k8s.io"],
-                    "resources": ["customresourcedefinitions"],
-                    "resourceNames": crd_names,
-                    "verbs": ["get", "patch", "update"],
-                },
+                {**crds, "resourceNames": crd_names, "verbs": ["get", "patch", "update"]},
                 # create cannot be limited by name; a missing CRD is created.
-                {
-                    "apiGroups": ["apiextensions.k8s.io"],
-                    "resources": ["customresourcedefinitions"],
-                    "verbs": ["create"],
-                },
+                {**crds, "verbs": ["create"]},
             ],
         },
         {
