@@ -1,0 +1,125 @@
+"""Destroy order, upgrades on fixed capacity, and CRD upgrades, proved on the template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from settings.catalog import KUBECTL_IMAGE, KUBERAY_OPERATOR, kuberay_crd_urls
+from tests.conftest import helm_releases, manifest_resource, manifests, only, resources, synth
+from tests.template_graph import depends_on
+
+EVERYTHING = {
+    "hf_token_secret_name": "prod/hf-token",
+    "model_id": "meta-llama/Llama-3.1-8B-Instruct",
+    "internal_endpoint_cidrs": "10.0.0.0/8",
+}
+
+
+@pytest.fixture(scope="module")
+def full() -> dict[str, Any]:
+    """Every optional part turned on, so every ordering can be checked."""
+    return synth(**EVERYTHING)
+
+
+def _nodegroups(template: dict[str, Any]) -> list[str]:
+    return list(resources(template, "AWS::EKS::Nodegroup"))
+
+
+def test_rayservice_deleted_before_every_helm_release(full: dict[str, Any]) -> None:
+    rayservice = manifest_resource(full, "RayService")
+    releases = helm_releases(full)
+    assert len(releases) == 5
+    for release, logical_id in releases.items():
+        if release != "aws-load-balancer-controller":
+            assert depends_on(full, rayservice, logical_id), release
+
+
+def test_helm_releases_deleted_before_node_groups(full: dict[str, Any]) -> None:
+    for release, logical_id in helm_releases(full).items():
+        for nodegroup in _nodegroups(full):
+            assert depends_on(full, logical_id, nodegroup), (release, nodegroup)
+
+
+def test_node_groups_deleted_before_cluster_and_addons(full: dict[str, Any]) -> None:
+    cluster = next(iter(resources(full, "AWS::EKS::Cluster")))
+    for nodegroup in _nodegroups(full):
+        assert depends_on(full, nodegroup, cluster)
+        for addon in resources(full, "AWS::EKS::Addon"):
+            assert depends_on(full, nodegroup, addon)
+
+
+def test_load_balanced_service_deleted_before_its_controller_subnets_and_groups(full: dict[str, Any]) -> None:
+    service = manifest_resource(full, "Service")
+    assert depends_on(full, service, helm_releases(full)["aws-load-balancer-controller"])
+    for subnet in resources(full, "AWS::EC2::Subnet"):
+        props = full["Resources"][subnet]["Properties"]
+        if not props["MapPublicIpOnLaunch"]:
+            assert depends_on(full, service, subnet), subnet
+    for group in resources(full, "AWS::EC2::SecurityGroup"):
+        assert depends_on(full, service, group), group
+
+
+def test_every_kubernetes_object_goes_before_the_cluster_and_nodes(full: dict[str, Any]) -> None:
+    """Nothing Kubernetes made may outlive the nodes or the network it runs on."""
+    for logical_id in resources(full, "Custom::AWSCDK-EKS-KubernetesResource"):
+        for nodegroup in _nodegroups(full):
+            assert depends_on(full, logical_id, nodegroup), logical_id
+
+
+def test_upgrades_fit_two_fixed_gpus(rayservice: dict[str, Any], template: dict[str, Any]) -> None:
+    # No second Ray cluster on a change: serve config updates in place.
+    assert rayservice["spec"]["upgradeStrategy"] == {"type": "None"}
+    gpu_group = [
+        g["Properties"] for g in resources(template, "AWS::EKS::Nodegroup").values()
+        if g["Properties"]["Labels"]["role"] == "gpu-worker"
+    ][0]
+    assert gpu_group["UpdateConfig"] == {"MaxUnavailable": 1}
+
+
+def test_kuberay_crds_upgraded_by_a_versioned_job(template: dict[str, Any]) -> None:
+    docs = {doc["kind"]: doc for doc in manifests(template) if doc["metadata"].get("name", "").startswith("kuberay-crd")}
+    job = docs["Job"]
+    assert job["metadata"]["name"] == f"kuberay-crds-{KUBERAY_OPERATOR.version.replace('.', '-')}"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == KUBECTL_IMAGE
+    assert container["args"][:2] == ["apply", "--server-side"]
+    urls = [arg for arg in container["args"] if arg.startswith("https://")]
+    assert urls == kuberay_crd_urls(KUBERAY_OPERATOR.version)
+    assert all(f"/v{KUBERAY_OPERATOR.version}/" in url for url in urls)
+    rules = docs["ClusterRole"]["rules"]
+    assert all(rule["resources"] == ["customresourcedefinitions"] for rule in rules)
+    assert {"get", "patch", "update"} == set(rules[0]["verbs"])
+    assert all(name.endswith(".ray.io") for name in rules[0]["resourceNames"])
+    # After the operator chart, before the RayService.
+    job_id = manifest_resource(template, "Job")
+    assert depends_on(template, job_id, helm_releases(template)["kuberay-operator"])
+    assert depends_on(template, manifest_resource(template, "RayService"), job_id)
+
+
+def test_chart_version_bump_makes_a_new_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdk_constructs import addons
+
+    bumped = KUBERAY_OPERATOR.__class__(**{**KUBERAY_OPERATOR.__dict__, "version": "1.8.0"})
+    monkeypatch.setattr(addons, "KUBERAY_OPERATOR", bumped)
+    (job,) = [doc for doc in addons.kuberay_crd_upgrade({}) if doc["kind"] == "Job"]
+    assert job["metadata"]["name"] == "kuberay-crds-1-8-0"
+    assert all("/v1.8.0/" in arg for arg in job["spec"]["template"]["spec"]["containers"][0]["args"] if "://" in arg)
+
+
+def test_log_group_and_key_are_removed_on_destroy(template: dict[str, Any]) -> None:
+    log_group = next(iter(resources(template, "AWS::Logs::LogGroup").values()))
+    assert log_group["DeletionPolicy"] == "Delete"
+    key = only(template, "AWS::KMS::Key")
+    assert key["DeletionPolicy"] == "Delete"
+    assert key["Properties"]["PendingWindowInDays"] == 7
+
+
+def test_the_graph_check_can_fail(full: dict[str, Any]) -> None:
+    """The reverse relations do not hold, so the checks above are not vacuous."""
+    rayservice = manifest_resource(full, "RayService")
+    cluster = next(iter(resources(full, "AWS::EKS::Cluster")))
+    assert not depends_on(full, helm_releases(full)["kuberay-operator"], rayservice)
+    for nodegroup in _nodegroups(full):
+        assert not depends_on(full, cluster, nodegroup)
