@@ -71,15 +71,16 @@ def test_every_kubernetes_object_goes_before_the_cluster_and_nodes(full: dict[st
 def test_upgrades_fit_two_fixed_gpus(rayservice: dict[str, Any], template: dict[str, Any]) -> None:
     # No second Ray cluster on a change: serve config updates in place.
     assert rayservice["spec"]["upgradeStrategy"] == {"type": "None"}
-    gpu_group = [
-        g["Properties"] for g in resources(template, "AWS::EKS::Nodegroup").values()
+    gpu_group = next(
+        g["Properties"]
+        for g in resources(template, "AWS::EKS::Nodegroup").values()
         if g["Properties"]["Labels"]["role"] == "gpu-worker"
-    ][0]
+    )
     assert gpu_group["UpdateConfig"] == {"MaxUnavailable": 1}
 
 
 def test_kuberay_crds_upgraded_by_a_versioned_job(template: dict[str, Any]) -> None:
-    docs = {doc["kind"]: doc for doc in manifests(template) if doc["metadata"].get("name", "").startswith("kuberay-crd")}
+    docs = {d["kind"]: d for d in manifests(template) if d["metadata"].get("name", "").startswith("kuberay-crd")}
     job = docs["Job"]
     assert job["metadata"]["name"] == f"kuberay-crds-{KUBERAY_OPERATOR.version.replace('.', '-')}"
     (container,) = job["spec"]["template"]["spec"]["containers"]
