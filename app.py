@@ -10,7 +10,7 @@ from cdk_nag import AwsSolutionsChecks
 
 from serve_config import ServeConfigError
 from settings import Settings, SettingsError, settings_from
-from stacks.nag_acknowledgements import acknowledge_findings
+from stacks.nag_acknowledgements import acknowledge_findings, acknowledge_imported_vpc
 from stacks.pd_inference_stack import PdInferenceStack
 
 STACK_NAME = "PdInference"
@@ -36,6 +36,8 @@ def build_app(context: dict[str, object] | None = None) -> tuple[cdk.App, PdInfe
     cdk.Tags.of(app).add("project", "pd-inference")
     cdk.Tags.of(app).add("managed-by", "aws-cdk")
     acknowledge_findings(stack)
+    if settings.vpc_id is not None:
+        acknowledge_imported_vpc(stack)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app, stack, settings
 

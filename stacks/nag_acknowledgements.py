@@ -90,8 +90,19 @@ OPTIONAL_ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {
 }
 
 
-def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:
-    cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=f"{PACK}::{rule}", reason=reason))
+def acknowledge(scope: IConstruct, rule: str, reason: str, pack: str = PACK) -> None:
+    cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=f"{pack}::{rule}", reason=reason))
+
+
+def acknowledge_imported_vpc(stack: cdk.Stack) -> None:
+    """CDK cannot tag subnets of a VPC it did not create; the README says which tags to add."""
+    cluster = stack.node.find_child("Eks").node.find_child("Cluster")
+    acknowledge(
+        cluster,
+        "@aws-cdk/aws-eks:clusterMustManuallyTagSubnet",
+        "An existing VPC's subnets are the owner's: README 'Existing VPC' lists the kubernetes.io/role tags to set",
+        pack="Annotation",
+    )
 
 
 def _ecr_public_rule(stack: cdk.Stack) -> str:

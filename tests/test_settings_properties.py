@@ -1,0 +1,117 @@
+"""Property-based: no combination of settings gets past validation and then fails later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from settings import SETTING_NAMES, Settings, SettingsError, settings_from
+from settings.catalog import INSTANCE_TYPES, MODELS, REGION_AZS
+from tests.conftest import CDK_JSON_CONTEXT
+
+# Plausible values per key, good and bad mixed, so that generated combinations
+# often pass validation and reach the stack.
+CANDIDATES: dict[str, list[Any]] = {
+    "region": [None, "us-east-1", "us-west-2", "eu-west-1", "xx-nowhere-1", ""],
+    "account": [None, "123456789012", "12345", "abc"],
+    "vpc_id": [None, "vpc-0123456789abcdef0", "vpc-12"],
+    "vpc_cidr": ["10.0.0.0/16", "10.1.0.0/18", "172.16.0.0/20", "10.0.0.0/8", "300.0.0.0/16", "x"],
+    "max_azs": [2, 3, 1, 4, "two"],
+    "cluster_name": ["pd-inference", "a", "bad name", "-x"],
+    "kubernetes_version": ["1.36", "1.35", "1.32", "1.31", "1.30", "2.0"],
+    "endpoint_access": ["public_and_private", "private", "public"],
+    "cluster_admin_arns": ["", "arn:aws:iam::123456789012:role/admin", "nope"],
+    "system_instance_type": ["m7i.xlarge", "g6.8xlarge", "t2.micro"],
+    "system_nodes_min": [0, 1, 2, 5, -1],
+    "system_nodes_desired": [0, 1, 2, 3, 9],
+    "system_nodes_max": [1, 2, 3, 10, 0],
+    "system_volume_gib": [20, 50, 10, "lots"],
+    "gpu_instance_type": [*INSTANCE_TYPES, "g6.2xlarge", "nope"],
+    "gpu_availability_zone": [None, "us-east-1a", "us-east-1c", "us-west-2b", "eu-west-1z", "mars"],
+    "gpu_volume_gib": [100, 300, 99, 20000],
+    "gpu_placement_group": [True, False, "true", "false", "perhaps"],
+    "gpu_capacity_reservation_id": [None, "cr-0123456789abcdef0", "cr-1"],
+    "pod_imds_access": [True, False, "yes", "2"],
+    "model_id": [*MODELS, "unknown/model"],
+    "model_source": [None, "s3://bucket/models/qwen", "Qwen/Qwen3-8B", "not a source"],
+    "max_model_len": [256, 2048, 8192, 32768, 131072, 100, "long"],
+    "gpu_memory_utilization": [0.5, 0.8, 0.9, 0.95, 0.99, "high"],
+    "prefill_replicas": [1, 2, 4, 0, 17],
+    "decode_replicas": [1, 2, 0, 20],
+    "ray_image": ["public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0", "rayproject/ray:2.58.0", "bad"],
+    "serving_namespace": ["llm", "LLM", "a" * 70],
+    "service_name": ["pd-llm", "x" * 50, "Bad_Name"],
+    "hf_token_secret_name": [None, "prod/hf-token", "hf_" + "a" * 34],
+    "internal_endpoint_cidrs": ["", "10.0.0.0/8", "0.0.0.0/0", "10.0.0.0/8,192.168.0.0/16", "nonsense"],
+}
+assert set(CANDIDATES) == set(SETTING_NAMES), "every setting needs candidates"
+
+overrides = st.dictionaries(
+    st.sampled_from(sorted(CANDIDATES)),
+    st.none(),
+    max_size=6,
+).flatmap(lambda keys: st.fixed_dictionaries({k: st.sampled_from(CANDIDATES[k]) for k in keys}))
+
+
+def _context(values: dict[str, Any]) -> dict[str, Any]:
+    # The CLI hands every -c value over as text.
+    return {**CDK_JSON_CONTEXT, **{k: "" if v is None else str(v) for k, v in values.items()}}
+
+
+def _load(values: dict[str, Any]) -> Settings | SettingsError:
+    try:
+        return settings_from(_context(values))
+    except SettingsError as err:
+        return err
+
+
+@settings(max_examples=300, deadline=None)
+@given(overrides)
+def test_settings_either_load_or_fail_in_one_line_naming_a_key(values: dict[str, Any]) -> None:
+    loaded = _load(values)
+    if isinstance(loaded, SettingsError):
+        message = str(loaded)
+        assert "\n" not in message
+        assert loaded.key in SETTING_NAMES
+        assert message.startswith(f"setting '{loaded.key}'")
+        return
+    assert loaded.gpu_instance.gpus >= 1
+    assert loaded.gpu_instance.efa_interfaces >= 1
+    if loaded.gpu_availability_zone is not None:
+        assert loaded.gpu_availability_zone in REGION_AZS[loaded.effective_region or ""]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(overrides)
+def test_settings_that_validate_always_synthesize(values: dict[str, Any]) -> None:
+    """No jsii, CDK or cdk-nag error waits behind a setting that passed validation."""
+    from app import build_app
+
+    context = _context(values)
+    try:
+        loaded = settings_from(context)
+    except SettingsError as err:
+        event(f"refused: {err.key}")
+        return
+    if loaded.vpc_id is not None:
+        event("skipped: VPC lookup")
+        return  # a lookup needs AWS credentials or a cdk.context.json entry
+    event("synthesized")
+    app, _, _ = build_app(context)
+    app.synth()
+
+
+@given(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=30).filter(lambda k: k not in SETTING_NAMES)
+)
+def test_settings_file_with_unknown_key_is_refused(tmp_path_factory: pytest.TempPathFactory, key: str) -> None:
+    path: Path = tmp_path_factory.mktemp("settings") / "settings.yaml"
+    path.write_text(yaml.safe_dump({"prefill_replicas": 1, key: 1}))
+    with pytest.raises(SettingsError) as raised:
+        settings_from({"settings_file": str(path)})
+    assert raised.value.key == key
