@@ -13,6 +13,7 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from settings.catalog import KUBERNETES_VERSIONS
@@ -93,6 +94,15 @@ class EksCluster(Construct):
             removal_policy=RemovalPolicy.DESTROY,
             pending_window=Duration.days(7),
         )
+        # EKS writes control-plane logs to this group; made here (before the
+        # cluster) so that cdk destroy removes it instead of leaving EKS's own.
+        self.control_plane_logs = logs.LogGroup(
+            self,
+            "ControlPlaneLogs",
+            log_group_name=f"/aws/eks/{cluster_name}/cluster",
+            retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
         private_subnets = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         self.cluster = eks.Cluster(
             self,
@@ -137,6 +147,14 @@ class EksCluster(Construct):
         self.vpc_cni.node.add_dependency(self.pod_identity_agent)
         # Node groups join only once both are in place (the stack adds that).
         self.node_prerequisites = (self.pod_identity_agent, self.vpc_cni)
+
+        self.cluster.node.add_dependency(self.control_plane_logs)
+        # aws-cdk keeps the kubectl provider's Lambda log groups for two years
+        # after a destroy; this stack leaves nothing behind.
+        for child in self.cluster.node.find_all():
+            if isinstance(child, logs.CfnLogGroup):
+                child.apply_removal_policy(RemovalPolicy.DESTROY)
+                child.retention_in_days = 30
 
         admin = eks.AccessPolicy.from_access_policy_name(
             "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER

@@ -142,6 +142,9 @@ class InstanceSpec:
 INSTANCE_TYPES: Mapping[str, InstanceSpec] = MappingProxyType(
     {
         "m7i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, ""),
+        "m7i.2xlarge": InstanceSpec(8, 32, 0, 0, "", 0.0, False, 12.5, 0.0, ""),
+        "m7i.4xlarge": InstanceSpec(16, 64, 0, 0, "", 0.0, False, 12.5, 0.0, ""),
+        "m6i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, ""),
         "g6.8xlarge": InstanceSpec(32, 128, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4"),
         "g6.12xlarge": InstanceSpec(48, 192, 1, 4, "L4", 22.5, False, 40.0, 121.0, "L4"),
         "g6.16xlarge": InstanceSpec(64, 256, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4"),

@@ -193,8 +193,12 @@ def validate(s: Settings) -> Settings:
         )
 
     system = catalog.INSTANCE_TYPES.get(s.system_instance_type)
+    cpu_types = sorted(k for k, v in catalog.INSTANCE_TYPES.items() if not v.gpus)
     _require(
-        system is not None, "system_instance_type", s.system_instance_type, f"one of {sorted(catalog.INSTANCE_TYPES)}"
+        system is not None and system.gpus == 0,
+        "system_instance_type",
+        s.system_instance_type,
+        f"an instance type without a GPU (the system nodes use the standard AL2023 AMI): {cpu_types}",
     )
     _require(
         0 <= s.system_nodes_min <= s.system_nodes_desired <= s.system_nodes_max and s.system_nodes_max >= 1,

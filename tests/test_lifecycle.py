@@ -109,9 +109,15 @@ def test_chart_version_bump_makes_a_new_job(monkeypatch: pytest.MonkeyPatch) -> 
     assert all("/v1.8.0/" in arg for arg in job["spec"]["template"]["spec"]["containers"][0]["args"] if "://" in arg)
 
 
-def test_log_group_and_key_are_removed_on_destroy(template: dict[str, Any]) -> None:
-    log_group = next(iter(resources(template, "AWS::Logs::LogGroup").values()))
-    assert log_group["DeletionPolicy"] == "Delete"
+def test_log_groups_and_key_are_removed_on_destroy(template: dict[str, Any]) -> None:
+    groups = resources(template, "AWS::Logs::LogGroup")
+    assert len(groups) == 4  # VPC flow logs, EKS control plane, the kubectl provider's two Lambdas
+    assert all(g["DeletionPolicy"] == "Delete" and g["Properties"]["RetentionInDays"] == 30 for g in groups.values())
+    (control_plane,) = [
+        k for k, g in groups.items() if g["Properties"].get("LogGroupName") == "/aws/eks/pd-inference/cluster"
+    ]
+    cluster = next(iter(resources(template, "AWS::EKS::Cluster")))
+    assert depends_on(template, cluster, control_plane)
     key = only(template, "AWS::KMS::Key")
     assert key["DeletionPolicy"] == "Delete"
     assert key["Properties"]["PendingWindowInDays"] == 7
