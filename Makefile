@@ -8,7 +8,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 CDK := $(abspath node_modules/.bin/cdk)
 
-.PHONY: setup setup-serve synth test test-fast lint fetch-schemas clean
+.PHONY: setup setup-serve synth test test-fast lint fetch-schemas review handoff plan verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,30 @@ test: setup-serve lint
 ## Everything but the tests that need ray[serve,llm] (a ~10 GB install).
 test-fast: setup lint
 	$(BIN)/python -m pytest -n 2 -q -p no:warnings -m "not serve"
+
+## Decode Helm values and manifests into review/ (commit the result; a test checks it is fresh).
+review: setup
+	$(BIN)/python tools/review.py
+
+## The synthesized template, asset manifest and assets in handoff/, for a platform team.
+handoff: synth
+	$(BIN)/python tools/handoff.py
+
+## The KV-transfer budget for the current settings (also printed at synth).
+plan: setup
+	$(BIN)/python tools/plan.py $(CDK_ARGS)
+
+## After `cdk deploy`: check the fabric, the endpoint and the NIXL metrics.
+verify: setup
+	$(BIN)/python tools/verify.py $(VERIFY_ARGS)
+
+## After `cdk deploy`: sweep prompt length and concurrency with vllm bench serve.
+bench: setup-serve
+	$(BIN)/python tools/bench.py $(BENCH_ARGS)
+
+## Synth time against an empty aws-cdk-lib app, and the test suite's time.
+benchmark: setup-serve
+	$(BIN)/python tools/benchmark.py
 
 ## The KubeRay CRD and charts' default values, for a clone without ../shared.
 fetch-schemas: setup

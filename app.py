@@ -10,6 +10,7 @@ from cdk_nag import AwsSolutionsChecks
 
 from serve_config import ServeConfigError
 from settings import Settings, SettingsError, settings_from
+from settings.estimates import cost_summary, plan_table
 from stacks.nag_acknowledgements import acknowledge_findings, acknowledge_imported_vpc
 from stacks.pd_inference_stack import PdInferenceStack
 
@@ -44,10 +45,13 @@ def build_app(context: dict[str, object] | None = None) -> tuple[cdk.App, PdInfe
 
 def main() -> int:
     try:
-        app, _, _ = build_app()
+        app, _, settings = build_app()
     except (SettingsError, ServeConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    # On stderr: `cdk synth` prints the template on stdout.
+    print(f"Estimated cost: {cost_summary(settings)}", file=sys.stderr)
+    print(f"KV-transfer budget:\n{plan_table(settings)}", file=sys.stderr)
     try:
         app.synth()
     except RuntimeError as err:

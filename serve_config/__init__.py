@@ -133,8 +133,13 @@ def rayservice(
     gpu_toleration: dict[str, str],
 ) -> dict[str, Any]:
     """The RayService manifest (ray.io/v1) that runs the application."""
-    doc = rayservice_data()
-    doc["metadata"] = {"name": settings.service_name, "namespace": settings.serving_namespace}
+    data = rayservice_data()
+    doc = {
+        "apiVersion": data["apiVersion"],
+        "kind": data["kind"],
+        "metadata": {"name": settings.service_name, "namespace": settings.serving_namespace},
+        "spec": data["spec"],
+    }
     spec = doc["spec"]
     spec["serveConfigV2"] = serve_config_v2(settings)
     cluster = spec["rayClusterConfig"]
@@ -145,7 +150,8 @@ def rayservice(
     head_pod["nodeSelector"] = dict(system_node_labels)
     head = head_pod["containers"][0]
     head["image"] = settings.ray_image
-    head["env"] = _token_env(settings)
+    if settings.hf_token_secret_name is not None:
+        head["env"] = _token_env(settings)
 
     template = cluster.pop("workerGroupTemplate")
     groups = []

@@ -18,6 +18,7 @@ from cdk_constructs.private_endpoint import PrivateEndpoint
 from cdk_constructs.system_nodes import SystemNodes
 from settings import Settings
 from settings.catalog import REGION_AZS
+from settings.estimates import PRICE_SOURCE, cost_summary
 
 
 def vpc_availability_zones(settings: Settings) -> list[str] | None:
@@ -146,6 +147,12 @@ class PdInferenceStack(Stack):
         service.namespace_manifest.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
         service.rayservice_manifest.node.add_dependency(*addons.releases, addons.kuberay_crd_upgrade[-1])
 
+        CfnOutput(
+            self,
+            "EstimatedCostPerHour",
+            value=cost_summary(settings),
+            description=f"On-demand estimate from {PRICE_SOURCE}",
+        )
         region = self.region
         CfnOutput(self, "ClusterName", value=cluster.cluster_name, description="EKS cluster name")
         CfnOutput(

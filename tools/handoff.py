@@ -1,0 +1,47 @@
+"""Write the synthesized template, its asset manifest and its assets to one folder for a platform team.
+
+    python tools/handoff.py [FOLDER]     (default: handoff/)
+
+Run after `make synth`. The folder is what `cdk deploy --app FOLDER` (or
+cdk-assets plus `aws cloudformation deploy`) needs; README "Handing the stack
+to a platform team" says how.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STACK = "PdInference"
+
+
+def main(argv: list[str]) -> int:
+    source = ROOT / "cdk.out"
+    target = Path(argv[0]) if argv else ROOT / "handoff"
+    template = source / f"{STACK}.template.json"
+    if not template.exists():
+        print("no cdk.out: run `make synth` first", file=sys.stderr)
+        return 1
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    assets = json.loads((source / f"{STACK}.assets.json").read_text())
+    wanted = {f"{STACK}.template.json", f"{STACK}.assets.json", "manifest.json", "cdk.out"}
+    for kind in ("files", "dockerImages"):
+        for asset in assets.get(kind, {}).values():
+            wanted.add(asset["source"].get("path", asset["source"].get("directory", "")))
+    for name in sorted(n for n in wanted if n):
+        path = source / name
+        if path.is_dir():
+            shutil.copytree(path, target / name)
+        elif path.exists():
+            shutil.copy2(path, target / name)
+    print(f"wrote {target} ({len(list(target.iterdir()))} entries): template, asset manifest, assets")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

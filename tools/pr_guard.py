@@ -1,0 +1,74 @@
+"""Fail a pull request whose template would replace or delete a stateful resource.
+
+    python tools/pr_guard.py DEPLOYED.json PROPOSED.json [--allow true|false] [--markdown FILE]
+
+The comparison is @aws-cdk/cloudformation-diff's (tools/destructive_changes.mjs),
+the same library `cdk diff` uses; this script adds the opt-in and the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OPT_IN_LABEL = "allow-destructive-change"
+
+
+def node() -> str:
+    found = shutil.which("node", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    if found is None:
+        raise SystemExit("node not found: run `make setup`")
+    return found
+
+
+def destructive_changes(before: Path, after: Path) -> list[dict[str, str]]:
+    result = subprocess.run(
+        [node(), str(ROOT / "tools" / "destructive_changes.mjs"), str(before), str(after)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    if result.returncode not in (0, 1):
+        raise SystemExit(f"template comparison failed: {result.stderr.strip()}")
+    changes: list[dict[str, str]] = json.loads(result.stdout)
+    return changes
+
+
+def summary(changes: list[dict[str, str]], allowed: bool) -> str:
+    if not changes:
+        return "No stateful resource is replaced or deleted.\n"
+    lines = [f"**{len(changes)} stateful resource(s) would be replaced or deleted:**", ""]
+    lines += [f"- `{c['logicalId']}` ({c['type']}): {c['impact']}" for c in changes]
+    lines.append("")
+    if allowed:
+        lines.append(f"Allowed by the `{OPT_IN_LABEL}` label.")
+    else:
+        lines.append(f"Blocked. If this is intended, add the `{OPT_IN_LABEL}` label to the pull request.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("deployed", type=Path)
+    parser.add_argument("proposed", type=Path)
+    parser.add_argument("--allow", default="false", help="true when the PR carries the opt-in label")
+    parser.add_argument("--markdown", type=Path, help="also write the summary here")
+    args = parser.parse_args(argv)
+    allowed = args.allow.strip().lower() == "true"
+    changes = destructive_changes(args.deployed, args.proposed)
+    text = summary(changes, allowed)
+    print(text, end="")
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 1 if changes and not allowed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
