@@ -18,8 +18,8 @@ from settings import SettingsError, settings_from  # noqa: E402
 from settings.estimates import cost_summary, plan_table  # noqa: E402
 
 
-def context_from(pairs: list[str]) -> dict[str, str]:
-    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+def context_from(pairs: list[str]) -> dict[str, object]:
+    context: dict[str, object] = json.loads((ROOT / "cdk.json").read_text())["context"]
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
