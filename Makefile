@@ -21,7 +21,7 @@ node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 	touch $@
 
 $(VENV)/.serve-installed: requirements-serve.txt $(VENV)/.installed
-	$(BIN)/python tools/install_serve_deps.py
+	$(BIN)/python -m tools.install_serve_deps
 	touch $@
 
 setup: $(VENV)/.installed node_modules/.installed
@@ -48,31 +48,31 @@ test-fast: setup lint
 
 ## Decode Helm values and manifests into review/ (commit the result; a test checks it is fresh).
 review: setup
-	$(BIN)/python tools/review.py
+	$(BIN)/python -m tools.review
 
 ## The synthesized template, asset manifest and assets in handoff/, for a platform team.
 handoff: synth
-	$(BIN)/python tools/handoff.py
+	$(BIN)/python -m tools.handoff
 
 ## The KV-transfer budget for the current settings (also printed at synth).
 plan: setup
-	$(BIN)/python tools/plan.py $(CDK_ARGS)
+	$(BIN)/python -m tools.plan $(CDK_ARGS)
 
 ## After `cdk deploy`: check the fabric, the endpoint and the NIXL metrics.
 verify: setup
-	$(BIN)/python tools/verify.py $(VERIFY_ARGS)
+	$(BIN)/python -m tools.verify $(VERIFY_ARGS)
 
 ## After `cdk deploy`: sweep prompt length and concurrency with vllm bench serve.
 bench: setup-serve
-	$(BIN)/python tools/bench.py $(BENCH_ARGS)
+	$(BIN)/python -m tools.bench $(BENCH_ARGS)
 
 ## Synth time against an empty aws-cdk-lib app, and the test suite's time.
 benchmark: setup-serve
-	$(BIN)/python tools/benchmark.py
+	$(BIN)/python -m tools.benchmark
 
 ## The KubeRay CRD and charts' default values, for a clone without ../shared.
 fetch-schemas: setup
-	$(BIN)/python tools/fetch_schemas.py
+	$(BIN)/python -m tools.fetch_schemas
 
 clean:
 	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,6 @@
 """Typed, validated settings for the stack (see README "Settings")."""
 
-from settings.loading import SETTINGS_FILE_KEY, read_settings_file, settings_from
+from settings.loading import SETTINGS_FILE_KEY, read_settings_file, settings_from, settings_from_cli
 from settings.model import SETTING_NAMES, Settings, SettingsError, validate
 
 __all__ = [
@@ -10,5 +10,6 @@ __all__ = [
     "SettingsError",
     "read_settings_file",
     "settings_from",
+    "settings_from_cli",
     "validate",
 ]

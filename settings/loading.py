@@ -119,3 +119,15 @@ def settings_from(context: Mapping[str, Any]) -> Settings:
         merged[key] = value
     typed = {f.name: _coerce(f.name, merged[f.name]) for f in fields(Settings) if f.name in merged}
     return validate(Settings(**typed))
+
+
+def settings_from_cli(pairs: list[str], cdk_json: Path | None = None) -> Settings:
+    """Settings for a command run beside the stack: cdk.json's context plus `-c key=value` pairs."""
+    path = cdk_json or Path(__file__).resolve().parent.parent / "cdk.json"
+    context: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))["context"]
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SettingsError(key, pair, "-c key=value")
+        context[key] = value
+    return settings_from(context)

@@ -13,11 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CDK_JSON_CONTEXT, ROOT, synth
-
-sys.path.insert(0, str(ROOT / "tools"))
-import pr_guard
-
-import review
+from tools import pr_guard, review
 
 
 def test_review_files_are_up_to_date(template: dict[str, Any]) -> None:
@@ -149,5 +145,5 @@ def test_diff_workflow_has_oidc_and_the_opt_in_label() -> None:
     assert job["permissions"] == {"contents": "read", "id-token": "write", "pull-requests": "write"}
     text = json.dumps(workflow)
     assert pr_guard.OPT_IN_LABEL in text
-    assert "tools/pr_guard.py" in text
+    assert "tools.pr_guard" in text
     assert "cdk diff" in text

@@ -16,8 +16,6 @@ from urllib.parse import urljoin
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from settings.catalog import EFA_DEVICE_PLUGIN, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, HelmChartPin
 
 ROOT = Path(__file__).resolve().parent.parent

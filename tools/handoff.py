@@ -1,6 +1,6 @@
 """Write the synthesized template, its asset manifest and its assets to one folder for a platform team.
 
-    python tools/handoff.py [FOLDER]     (default: handoff/)
+    python -m tools.handoff [FOLDER]     (default: handoff/)
 
 Run after `make synth`. The folder is what `cdk deploy --app FOLDER` (or
 cdk-assets plus `aws cloudformation deploy`) needs; README "Handing the stack

@@ -1,4 +1,4 @@
-"""Print the KV-transfer budget for the settings: `python tools/plan.py [-c key=value ...]`.
+"""Print the KV-transfer budget for the settings: `python -m tools.plan [-c key=value ...]`.
 
 The same table `cdk synth` prints; settings as on the cdk command line
 (including -c settings_file=path).
@@ -7,25 +7,10 @@ The same table `cdk synth` prints; settings as on the cdk command line
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from settings import SettingsError, settings_from  # noqa: E402
-from settings.estimates import cost_summary, plan_table  # noqa: E402
-
-
-def context_from(pairs: list[str]) -> dict[str, object]:
-    context: dict[str, object] = json.loads((ROOT / "cdk.json").read_text())["context"]
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SettingsError(key, pair, "-c key=value")
-        context[key] = value
-    return context
+from settings import SettingsError, settings_from_cli
+from settings.estimates import cost_summary, plan_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     try:
-        settings = settings_from(context_from(args.context))
+        settings = settings_from_cli(args.context)
     except SettingsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """Fail a pull request whose template would replace or delete a stateful resource.
 
-    python tools/pr_guard.py DEPLOYED.json PROPOSED.json [--allow true|false] [--markdown FILE]
+    python -m tools.pr_guard DEPLOYED.json PROPOSED.json [--allow true|false] [--markdown FILE]
 
 The comparison is @aws-cdk/cloudformation-diff's (tools/destructive_changes.mjs),
 the same library `cdk diff` uses; this script adds the opt-in and the summary.

@@ -1,6 +1,6 @@
 """Write what a reviewer needs to read from the synthesized template, as line-diffable files.
 
-    python tools/review.py [--check]
+    python -m tools.review [--check]
 
 - review/kubernetes.yaml: every Helm release (chart, version, values) and every
   Kubernetes manifest, with serveConfigV2 decoded into YAML. In the template
@@ -22,7 +22,6 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 REVIEW = ROOT / "review"
 KUBERNETES = REVIEW / "kubernetes.yaml"

@@ -1,0 +1,159 @@
+"""verify, bench and plan: their parsing and their outputs, on recorded samples (no cluster here)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from settings import Settings
+from tools import bench, plan
+from tools.cluster_access import NixlSnapshot, metric_total
+from tools.verify import Check, metrics_check, nixl_log_findings, placement_check, table
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_good_worker_logs_show_libfabric_and_no_fallback() -> None:
+    findings = nixl_log_findings((DATA / "ray_logs_libfabric.txt").read_text())
+    assert findings.instantiated == {"LIBFABRIC"}
+    assert findings.problems == []
+
+
+def test_fallback_logs_are_caught() -> None:
+    problems = nixl_log_findings((DATA / "ray_logs_fallback.txt").read_text()).problems
+    assert any("no 'Backend LIBFABRIC was instantiated'" in p for p in problems)
+    assert any("skipped backend registration: ['LIBFABRIC']" in p for p in problems)
+    assert any("UCX backend" in p for p in problems)
+    assert any("TCP/sockets provider" in p for p in problems)
+
+
+def test_ray_exported_nixl_metrics_are_read() -> None:
+    before = NixlSnapshot.of((DATA / "decode_metrics_before.prom").read_text())
+    after = NixlSnapshot.of((DATA / "decode_metrics_after.prom").read_text())
+    assert (before.transfers, after.transfers) == (4.0, 5.0)
+    assert after.transfer_seconds == pytest.approx(0.498)
+    assert after.failed == 0.0
+    assert metrics_check(before, after).ok
+    assert not metrics_check(after, after).ok  # no transfer: the request fell back to local prefill
+    failed = NixlSnapshot(after.transfers + 1, after.transfer_seconds, 1.0)
+    assert not metrics_check(before, failed).ok
+
+
+def test_vllm_native_metric_names_are_read_too() -> None:
+    text = 'vllm:nixl_xfer_time_seconds_count{engine="0"} 7.0\nvllm:nixl_xfer_time_seconds_count{engine="1"} 2.0\n'
+    assert metric_total(text, "vllm:nixl_xfer_time_seconds_count") == 9.0
+    assert metric_total(text, "vllm:nixl_num_failed_transfers") is None
+
+
+def _pod(name: str, group: str, node: str, efa: str = "1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"ray.io/group": group}},
+        "spec": {"nodeName": node, "containers": [{"resources": {"limits": {"vpc.amazonaws.com/efa": efa}}}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def _node(zone: str, efa: str = "1") -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"topology.kubernetes.io/zone": zone}},
+        "status": {"allocatable": {"vpc.amazonaws.com/efa": efa}},
+    }
+
+
+def test_placement_passes_on_two_efa_nodes_in_one_az() -> None:
+    groups = {"prefill": [_pod("p", "prefill", "n1")], "decode": [_pod("d", "decode", "n2")]}
+    check = placement_check(groups, {"n1": _node("us-east-1c"), "n2": _node("us-east-1c")})
+    assert check.ok, check.detail
+
+
+@pytest.mark.parametrize(
+    ("groups", "nodes", "expected"),
+    [
+        (
+            {"prefill": [_pod("p", "prefill", "n1")], "decode": [_pod("d", "decode", "n1")]},
+            {"n1": _node("a")},
+            "share nodes",
+        ),
+        (
+            {"prefill": [_pod("p", "prefill", "n1")], "decode": [_pod("d", "decode", "n2")]},
+            {"n1": _node("a"), "n2": _node("b")},
+            "span AZs",
+        ),
+        (
+            {"prefill": [_pod("p", "prefill", "n1", efa="0")], "decode": [_pod("d", "decode", "n2")]},
+            {"n1": _node("a"), "n2": _node("a")},
+            "no EFA device",
+        ),
+        ({"prefill": [_pod("p", "prefill", "n1")]}, {"n1": _node("a")}, "no running decode"),
+    ],
+    ids=["same-node", "two-azs", "no-efa", "no-decode"],
+)
+def test_placement_failures(groups: dict[str, Any], nodes: dict[str, Any], expected: str) -> None:
+    check = placement_check(groups, nodes)
+    assert not check.ok
+    assert expected in check.detail
+
+
+def test_table_marks_failures() -> None:
+    text = table([Check("a", True, "fine"), Check("longer name", False, "broken")])
+    assert "PASS" in text.splitlines()[2]
+    assert "FAIL" in text.splitlines()[3]
+
+
+def test_bench_row_csv_and_chart(tmp_path: Path) -> None:
+    result = json.loads((DATA / "vllm_bench_result.json").read_text())
+    before = NixlSnapshot.of((DATA / "decode_metrics_before.prom").read_text())
+    after = NixlSnapshot.of((DATA / "decode_metrics_after.prom").read_text())
+    rows = [
+        bench.row(bench.Point(2048, 4), result, before, after),
+        bench.row(bench.Point(512, 4), {**result, "median_ttft_ms": 300.0}, before, after),
+        bench.row(bench.Point(2048, 1), {**result, "median_ttft_ms": 700.0}, before, before),
+    ]
+    assert rows[0]["median_ttft_ms"] == 987.1
+    assert rows[0]["nixl_transfers"] == 1.0
+    assert rows[0]["nixl_ms_per_transfer"] == pytest.approx(86.0)
+    assert rows[2]["nixl_ms_per_transfer"] is None
+    bench.write_csv(rows, tmp_path / "results.csv")
+    with (tmp_path / "results.csv").open() as handle:
+        assert len(list(csv.DictReader(handle))) == 3
+    bench.write_chart(rows, tmp_path / "results.png", "test")
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.serve
+def test_bench_flags_exist_in_the_installed_vllm(tmp_path: Path) -> None:
+    """Every flag bench passes is one `vllm bench serve` of the image's vLLM accepts."""
+    from tests.conftest import require_serve_deps
+
+    require_serve_deps()
+    command = bench.bench_command(
+        base_url="http://127.0.0.1:1", model="m", point=bench.Point(1, 1), output_len=1,
+        num_prompts=1, result_dir=tmp_path, result_file="r.json",
+    )  # fmt: skip
+    assert command[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve"]
+    help_text = subprocess.run(
+        [*command[:5], "--help=all"], capture_output=True, text=True, timeout=300, check=False
+    ).stdout
+    flags = [arg for arg in command[5:] if arg.startswith("--")]
+    missing = [flag for flag in flags if f"{flag} " not in help_text and f"{flag}\n" not in help_text]
+    assert missing == []
+
+
+def test_plan_prints_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan.main(["-c", "max_model_len=4096"]) == 0
+    out = capsys.readouterr().out
+    assert "147,456 bytes per prompt token" in out
+    assert "Estimated cost" in out
+    assert plan.main(["-c", "gpu_instance_type=nope"]) == 1
+
+
+def test_default_settings_object_is_what_tools_load() -> None:
+    from settings import settings_from_cli
+
+    assert settings_from_cli([]) == Settings()

@@ -1,0 +1,1 @@
+"""Commands run around the stack: review, hand-off, plan, verify, bench, benchmark."""

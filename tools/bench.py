@@ -1,0 +1,206 @@
+"""After `cdk deploy`: sweep prompt length and concurrency against the endpoint with `vllm bench serve`.
+
+    python -m tools.bench [-c key=value ...] [--input-lens 512,2048,6144] [--concurrency 1,4,16]
+                          [--output-len 128] [--prompts-per-run 64] [--out bench-results]
+
+For each point it runs vLLM's own load generator (random prompts, the model's
+tokenizer), reads decode's NIXL counters before and after, and writes
+results.csv and results.png (TTFT, inter-token latency, throughput, KV
+transfer time per request) to --out. Progress is printed as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from serve_config import SERVE_PORT, serve_service_name
+from settings import Settings, settings_from_cli
+from tools.cluster_access import NixlSnapshot, metrics_text, port_forward, worker_pods
+
+FIELDS = (
+    "input_len",
+    "concurrency",
+    "completed",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "output_throughput",
+    "request_throughput",
+    "nixl_transfers",
+    "nixl_ms_per_transfer",
+    "nixl_failed",
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    input_len: int
+    concurrency: int
+
+
+def bench_command(
+    *, base_url: str, model: str, point: Point, output_len: int, num_prompts: int, result_dir: Path, result_file: str
+) -> list[str]:
+    """The `vllm bench serve` invocation for one point of the sweep."""
+    return [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        "--backend", "openai-chat",
+        "--endpoint", "/v1/chat/completions",
+        "--base-url", base_url,
+        "--model", model,
+        "--dataset-name", "random",
+        "--random-input-len", str(point.input_len),
+        "--random-output-len", str(output_len),
+        "--ignore-eos",
+        "--num-prompts", str(num_prompts),
+        "--max-concurrency", str(point.concurrency),
+        "--percentile-metrics", "ttft,itl,e2el",
+        "--metric-percentiles", "50,99",
+        "--seed", "0",
+        "--save-result",
+        "--result-dir", str(result_dir),
+        "--result-filename", result_file,
+    ]  # fmt: skip
+
+
+def row(point: Point, result: dict[str, Any], before: NixlSnapshot, after: NixlSnapshot) -> dict[str, Any]:
+    """One CSV row from a `vllm bench serve` result file and the NIXL counters around it."""
+    transfers = after.transfers - before.transfers
+    seconds = after.transfer_seconds - before.transfer_seconds
+    return {
+        "input_len": point.input_len,
+        "concurrency": point.concurrency,
+        "completed": result.get("completed"),
+        "median_ttft_ms": result.get("median_ttft_ms"),
+        "p99_ttft_ms": result.get("p99_ttft_ms"),
+        "median_itl_ms": result.get("median_itl_ms"),
+        "p99_itl_ms": result.get("p99_itl_ms"),
+        "output_throughput": result.get("output_throughput"),
+        "request_throughput": result.get("request_throughput"),
+        "nixl_transfers": transfers,
+        "nixl_ms_per_transfer": (seconds / transfers * 1e3) if transfers else None,
+        "nixl_failed": after.failed - before.failed,
+    }
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (
+        ("median_ttft_ms", "TTFT p50 (ms)"),
+        ("median_itl_ms", "inter-token latency p50 (ms)"),
+        ("output_throughput", "output tokens/s"),
+        ("nixl_ms_per_transfer", "NIXL ms per KV transfer"),
+    )
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (field, label) in zip(axes, panels, strict=True):
+        for concurrency in sorted({r["concurrency"] for r in rows}):
+            points = [
+                (r["input_len"], r[field]) for r in rows if r["concurrency"] == concurrency and r[field] is not None
+            ]
+            if points:
+                xs, ys = zip(*sorted(points), strict=True)
+                ax.plot(xs, ys, marker="o", label=f"concurrency {concurrency}")
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _csv_ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def sweep(
+    settings: Settings, points: list[Point], output_len: int, num_prompts: int, out: Path
+) -> list[dict[str, Any]]:
+    decode = worker_pods(settings).get("decode", [])
+    decode_pod = decode[0]["metadata"]["name"] if decode else None
+
+    def snapshot() -> NixlSnapshot:
+        return (
+            NixlSnapshot.of(metrics_text(settings.serving_namespace, decode_pod))
+            if decode_pod
+            else NixlSnapshot(0, 0, 0)
+        )
+
+    rows = []
+    with port_forward(settings, serve_service_name(settings), SERVE_PORT) as base:
+        for index, point in enumerate(points, 1):
+            started = time.monotonic()
+            print(
+                f"[{index}/{len(points)}] prompt {point.input_len} tokens, concurrency {point.concurrency} ...",
+                flush=True,
+            )
+            name = f"run-{point.input_len}-{point.concurrency}.json"
+            before = snapshot()
+            command = bench_command(
+                base_url=base, model=settings.model_id, point=point, output_len=output_len,
+                num_prompts=num_prompts, result_dir=out, result_file=name,
+            )  # fmt: skip
+            subprocess.run(command, check=True)  # vLLM's own progress bar shows here
+            result = json.loads((out / name).read_text())
+            rows.append(row(point, result, before, snapshot()))
+            print(
+                f"    done in {time.monotonic() - started:.0f}s: TTFT p50 {rows[-1]['median_ttft_ms']:.0f} ms",
+                flush=True,
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Benchmark the deployed endpoint with vllm bench serve")
+    parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--input-lens", type=_csv_ints, default=[512, 2048, 6144])
+    parser.add_argument("--concurrency", type=_csv_ints, default=[1, 4, 16])
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--prompts-per-run", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = parser.parse_args(argv)
+    settings = settings_from_cli(args.context)
+    too_long = [n for n in args.input_lens if n + args.output_len > settings.max_model_len]
+    if too_long:
+        print(
+            f"error: prompt lengths {too_long} + output exceed max_model_len {settings.max_model_len}", file=sys.stderr
+        )
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    points = [Point(n, c) for n in args.input_lens for c in args.concurrency]
+    rows = sweep(settings, points, args.output_len, args.prompts_per_run, args.out)
+    write_csv(rows, args.out / "results.csv")
+    title = (
+        f"{settings.model_id} on {settings.gpu_instance_type}: "
+        f"prefill x{settings.prefill_replicas}, decode x{settings.decode_replicas}"
+    )
+    write_chart(rows, args.out / "results.png", title)
+    (args.out / "settings.json").write_text(json.dumps(asdict(settings), indent=2, default=list))
+    print(f"wrote {args.out / 'results.csv'} and {args.out / 'results.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
