@@ -5,18 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from cdk_constructs.cluster import as_icluster
+from cdk_constructs.helm import helm_release
 from settings.catalog import (
     EFA_DEVICE_PLUGIN,
     KUBECTL_IMAGE,
     KUBERAY_CRDS,
     KUBERAY_OPERATOR,
     NVIDIA_DEVICE_PLUGIN,
-    HelmChartPin,
     kuberay_crd_urls,
 )
 
@@ -123,12 +122,20 @@ class ClusterAddons(Construct):
         gpu_toleration: Mapping[str, str],
     ) -> None:
         super().__init__(scope, construct_id)
-        self.kuberay_operator = self._release(
-            cluster, "KubeRayOperator", KUBERAY_OPERATOR, kuberay_operator_values(system_node_labels)
+        self.kuberay_operator = helm_release(
+            self,
+            "KubeRayOperator",
+            cluster=cluster,
+            pin=KUBERAY_OPERATOR,
+            values=kuberay_operator_values(system_node_labels),
         )
         plugin_values = device_plugin_values(gpu_node_labels, gpu_toleration)
-        self.nvidia_device_plugin = self._release(cluster, "NvidiaDevicePlugin", NVIDIA_DEVICE_PLUGIN, plugin_values)
-        self.efa_device_plugin = self._release(cluster, "EfaDevicePlugin", EFA_DEVICE_PLUGIN, plugin_values)
+        self.nvidia_device_plugin = helm_release(
+            self, "NvidiaDevicePlugin", cluster=cluster, pin=NVIDIA_DEVICE_PLUGIN, values=plugin_values
+        )
+        self.efa_device_plugin = helm_release(
+            self, "EfaDevicePlugin", cluster=cluster, pin=EFA_DEVICE_PLUGIN, values=plugin_values
+        )
         # One manifest per object, in order: the Job needs its account and RBAC.
         previous: Construct = self.kuberay_operator
         self.kuberay_crd_upgrade: list[eks.KubernetesManifest] = []
@@ -143,21 +150,4 @@ class ClusterAddons(Construct):
             self.kuberay_operator,
             self.nvidia_device_plugin,
             self.efa_device_plugin,
-        )
-
-    def _release(
-        self, cluster: eks.Cluster, construct_id: str, pin: HelmChartPin, values: dict[str, Any]
-    ) -> eks.HelmChart:
-        return eks.HelmChart(
-            self,
-            construct_id,
-            cluster=as_icluster(cluster),
-            chart=pin.chart,
-            repository=pin.repository,
-            version=pin.version,
-            release=pin.release,
-            namespace=pin.namespace,
-            create_namespace=pin.namespace != "kube-system",
-            values=values,
-            timeout=Duration.minutes(10),
         )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from aws_cdk import ArnFormat, Aws, Duration, Stack
+from aws_cdk import ArnFormat, Aws, Stack
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from cdk_constructs.cluster import as_icluster, pod_identity_role
+from cdk_constructs.cluster import as_icluster
+from cdk_constructs.helm import helm_release, pod_identity
 from settings.catalog import EXTERNAL_SECRETS
 
 SECRET_STORE = "aws-secrets-manager"  # noqa: S105 - a SecretStore name
@@ -49,7 +50,9 @@ class ModelTokenSync(Construct):
         super().__init__(scope, construct_id)
         pin = EXTERNAL_SECRETS
         service_account = pin.release
-        self.role = pod_identity_role(self, "Role")
+        self.role = pod_identity(
+            self, "PodIdentity", cluster=cluster, namespace=pin.namespace, service_account=service_account
+        )
         # Secrets Manager appends six random characters to a secret's ARN.
         secret_arn = Stack.of(self).format_arn(
             service="secretsmanager",
@@ -62,27 +65,8 @@ class ModelTokenSync(Construct):
                 actions=["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"], resources=[secret_arn]
             )
         )
-        eks.CfnPodIdentityAssociation(
-            self,
-            "PodIdentity",
-            cluster_name=cluster.cluster_name,
-            namespace=pin.namespace,
-            service_account=service_account,
-            role_arn=self.role.role_arn,
-        )
-        self.release = eks.HelmChart(
-            self,
-            "Operator",
-            cluster=as_icluster(cluster),
-            chart=pin.chart,
-            repository=pin.repository,
-            version=pin.version,
-            release=pin.release,
-            namespace=pin.namespace,
-            create_namespace=True,
-            values={"global": {"nodeSelector": dict(system_node_labels)}, "serviceAccount": {"name": service_account}},
-            timeout=Duration.minutes(10),
-        )
+        values = {"global": {"nodeSelector": dict(system_node_labels)}, "serviceAccount": {"name": service_account}}
+        self.release = helm_release(self, "Operator", cluster=cluster, pin=pin, values=values)
         self.secret_store = eks.KubernetesManifest(
             self,
             "SecretStore",

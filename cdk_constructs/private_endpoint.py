@@ -7,13 +7,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Aws, Duration
+from aws_cdk import Aws
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from cdk_constructs.cluster import as_icluster, pod_identity_role
+from cdk_constructs.cluster import as_icluster
+from cdk_constructs.helm import helm_release, pod_identity
 from settings.catalog import AWS_LOAD_BALANCER_CONTROLLER
 
 POLICY_FILE = (
@@ -80,35 +81,19 @@ class PrivateEndpoint(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         pin = AWS_LOAD_BALANCER_CONTROLLER
-        self.role = pod_identity_role(self, "Role")
+        self.role = pod_identity(
+            self, "PodIdentity", cluster=cluster, namespace=pin.namespace, service_account=pin.release
+        )
         document = iam.PolicyDocument.from_json(json.loads(POLICY_FILE.read_text()))
         iam.Policy(self, "Policy", document=document, roles=[self.role])
-        eks.CfnPodIdentityAssociation(
-            self,
-            "PodIdentity",
-            cluster_name=cluster.cluster_name,
-            namespace=pin.namespace,
-            service_account=pin.release,
-            role_arn=self.role.role_arn,
-        )
-        self.release = eks.HelmChart(
-            self,
-            "Controller",
-            cluster=as_icluster(cluster),
-            chart=pin.chart,
-            repository=pin.repository,
-            version=pin.version,
-            release=pin.release,
-            namespace=pin.namespace,
-            values={
-                "clusterName": cluster.cluster_name,
-                "region": Aws.REGION,
-                "vpcId": vpc.vpc_id,
-                "serviceAccount": {"name": pin.release},
-                "nodeSelector": dict(system_node_labels),
-            },
-            timeout=Duration.minutes(10),
-        )
+        values = {
+            "clusterName": cluster.cluster_name,
+            "region": Aws.REGION,
+            "vpcId": vpc.vpc_id,
+            "serviceAccount": {"name": pin.release},
+            "nodeSelector": dict(system_node_labels),
+        }
+        self.release = helm_release(self, "Controller", cluster=cluster, pin=pin, values=values)
         self.service = eks.KubernetesManifest(
             self,
             "Service",

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tools.review import render
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
@@ -46,20 +48,6 @@ def only(template: dict[str, Any], type_: str, **match: Any) -> dict[str, Any]:
     ]
     assert len(found) == 1, f"expected one {type_} with {match}, found {len(found)}"
     return found[0]
-
-
-def render(value: Any) -> str:
-    """A string property as text, with CloudFormation references shown as ${...} placeholders."""
-    if isinstance(value, str):
-        return value
-    if "Fn::Join" in value:
-        separator, parts = value["Fn::Join"]
-        return str(separator).join(render(part) for part in parts)
-    if "Ref" in value:
-        return "${" + str(value["Ref"]) + "}"
-    if "Fn::GetAtt" in value:
-        return "${" + ".".join(value["Fn::GetAtt"]) + "}"
-    raise AssertionError(f"cannot render {value}")
 
 
 def manifests(template: dict[str, Any]) -> list[dict[str, Any]]:

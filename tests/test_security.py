@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CDK_JSON_CONTEXT, ROOT, helm_releases, manifests, only, render, resources, synth
+from tests.conftest import CDK_JSON_CONTEXT, ROOT, helm_releases, manifests, only, resources, synth
+from tools.review import render
 
 TOKEN_SETTINGS = {"hf_token_secret_name": "prod/hf-token", "model_id": "meta-llama/Llama-3.1-8B-Instruct"}
 NLB_SETTINGS = {"internal_endpoint_cidrs": "10.0.0.0/8,192.168.10.0/24"}

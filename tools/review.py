@@ -41,13 +41,13 @@ def _literal(dumper: yaml.SafeDumper, text: _Literal) -> yaml.Node:
 yaml.SafeDumper.add_representer(_Literal, _literal)
 
 
-def _render(value: Any) -> str:
+def render(value: Any) -> str:
     """A template string, with CloudFormation references as ${...} placeholders."""
     if isinstance(value, str):
         return value
     if "Fn::Join" in value:
         separator, parts = value["Fn::Join"]
-        return str(separator).join(_render(p) for p in parts)
+        return str(separator).join(render(p) for p in parts)
     if "Ref" in value:
         return "${" + str(value["Ref"]) + "}"
     if "Fn::GetAtt" in value:
@@ -73,11 +73,11 @@ def kubernetes_review(template: dict[str, Any]) -> str:
                     "repository": props.get("Repository"),
                     "namespace": props.get("Namespace"),
                     "construct": _path(resource, logical_id),
-                    "values": json.loads(_render(props["Values"])) if "Values" in props else {},
+                    "values": json.loads(render(props["Values"])) if "Values" in props else {},
                 }
             )
         elif resource["Type"] == "Custom::AWSCDK-EKS-KubernetesResource":
-            for doc in json.loads(_render(props["Manifest"])):
+            for doc in json.loads(render(props["Manifest"])):
                 if doc.get("kind") == "RayService":
                     doc["spec"]["serveConfigV2"] = _Literal(doc["spec"]["serveConfigV2"])
                 objects.append({"construct": _path(resource, logical_id), "object": doc})
