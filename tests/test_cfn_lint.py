@@ -42,3 +42,13 @@ def test_cfn_lint_catches_a_broken_template() -> None:
         if resource["Type"] == "AWS::EC2::LaunchTemplate":
             resource["Properties"]["LaunchTemplateData"]["MetadataOptions"]["HttpTokens"] = "sometimes"
     assert any(line.startswith("E") for line in _lint(broken))
+
+
+def test_cfn_lint_clean_with_every_optional_part() -> None:
+    template = synth(
+        hf_token_secret_name="prod/hf-token",
+        model_id="meta-llama/Llama-3.1-8B-Instruct",
+        internal_endpoint_cidrs="10.0.0.0/8",
+        prefill_replicas="2",
+    )
+    assert _lint(template) == []
