@@ -147,3 +147,17 @@ def test_diff_workflow_has_oidc_and_the_opt_in_label() -> None:
     assert pr_guard.OPT_IN_LABEL in text
     assert "tools.pr_guard" in text
     assert "cdk diff" in text
+
+
+def test_handoff_folder_holds_template_asset_manifest_and_assets(tmp_path: Path) -> None:
+    from tools import handoff
+
+    synthesized = tmp_path / "cdk.out"
+    assert _synth_to(synthesized).returncode == 0
+    target = tmp_path / "handoff"
+    assert handoff.main([str(target)], source=synthesized) == 0
+    assets = json.loads((target / "PdInference.assets.json").read_text())
+    for asset in assets["files"].values():
+        assert (target / asset["source"]["path"]).exists(), asset["source"]["path"]
+    template = json.loads((target / "PdInference.template.json").read_text())
+    assert "AWS::EKS::Cluster" in {r["Type"] for r in template["Resources"].values()}

@@ -18,8 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STACK = "PdInference"
 
 
-def main(argv: list[str]) -> int:
-    source = ROOT / "cdk.out"
+def main(argv: list[str], source: Path = ROOT / "cdk.out") -> int:
     target = Path(argv[0]) if argv else ROOT / "handoff"
     template = source / f"{STACK}.template.json"
     if not template.exists():
