@@ -16,7 +16,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from settings.catalog import KUBERNETES_VERSIONS
+from settings.catalog import DEFAULT_KUBERNETES_VERSION, KUBERNETES_VERSIONS
 
 ENDPOINT_ACCESS = {
     "public_and_private": eks.EndpointAccess.PUBLIC_AND_PRIVATE,
@@ -81,7 +81,7 @@ class EksCluster(Construct):
         *,
         vpc: ec2.IVpc,
         cluster_name: str = "pd-inference",
-        kubernetes_version: str = "1.36",
+        kubernetes_version: str = DEFAULT_KUBERNETES_VERSION,
         endpoint_access: str = "public_and_private",
         admin_principal_arns: Sequence[str] = (),
     ) -> None:

@@ -10,6 +10,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from cdk_constructs.node_common import LT, node_launch_template_data, node_role
+from settings.catalog import DEFAULT_GPU_INSTANCE_TYPE
 
 GPU_NODE_LABELS: Mapping[str, str] = {"role": "gpu-worker"}
 GPU_TAINT_KEY = "nvidia.com/gpu"
@@ -49,7 +50,7 @@ class EfaGpuNodes(Construct):
         cluster: eks.Cluster,
         vpc: ec2.IVpc,
         subnet: ec2.ISubnet,
-        instance_type: str = "g6.8xlarge",
+        instance_type: str = DEFAULT_GPU_INSTANCE_TYPE,
         node_count: int = 2,
         volume_gib: int = 300,
         placement_group: bool = True,

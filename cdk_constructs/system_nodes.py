@@ -9,6 +9,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from cdk_constructs.node_common import node_launch_template_data, node_role
+from settings.catalog import DEFAULT_SYSTEM_INSTANCE_TYPE
 
 SYSTEM_NODE_LABELS: Mapping[str, str] = {"role": "system"}
 
@@ -34,7 +35,7 @@ class SystemNodes(Construct):
         construct_id: str,
         *,
         cluster: eks.Cluster,
-        instance_type: str = "m7i.xlarge",
+        instance_type: str = DEFAULT_SYSTEM_INSTANCE_TYPE,
         min_size: int = 1,
         desired_size: int = 2,
         max_size: int = 3,

@@ -149,6 +149,7 @@ def rayservice(
     head_pod = cluster["headGroupSpec"]["template"]["spec"]
     head_pod["nodeSelector"] = dict(system_node_labels)
     head = head_pod["containers"][0]
+    head["ports"].append({"containerPort": SERVE_PORT, "name": "serve"})
     head["image"] = settings.ray_image
     if settings.hf_token_secret_name is not None:
         head["env"] = _token_env(settings)
@@ -189,5 +190,5 @@ def serve_selector(settings: Settings) -> dict[str, str]:
 
 
 def serve_service_name(settings: Settings) -> str:
-    """The Service KubeRay creates for the Serve endpoint (port 8000)."""
+    """The Service KubeRay creates for the Serve endpoint (SERVE_PORT)."""
     return f"{settings.service_name}-serve-svc"

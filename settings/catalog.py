@@ -26,6 +26,8 @@ KUBERNETES_VERSIONS: Mapping[str, str] = MappingProxyType(
     }
 )
 DEFAULT_KUBERNETES_VERSION = "1.36"
+DEFAULT_SYSTEM_INSTANCE_TYPE = "m7i.xlarge"
+DEFAULT_GPU_INSTANCE_TYPE = "g6.8xlarge"
 
 
 def layer_package(kubernetes_version: str) -> str:

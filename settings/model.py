@@ -48,14 +48,14 @@ class Settings:
     cluster_admin_arns: tuple[str, ...] = ()
 
     # System nodes: KubeRay operator and the Ray head.
-    system_instance_type: str = "m7i.xlarge"
+    system_instance_type: str = catalog.DEFAULT_SYSTEM_INSTANCE_TYPE
     system_nodes_min: int = 1
     system_nodes_desired: int = 2
     system_nodes_max: int = 3
     system_volume_gib: int = 50
 
     # GPU nodes: one per prefill or decode replica.
-    gpu_instance_type: str = "g6.8xlarge"
+    gpu_instance_type: str = catalog.DEFAULT_GPU_INSTANCE_TYPE
     gpu_availability_zone: str | None = None
     # The image (~20 GB unpacked) plus the model weights in the Hugging Face
     # cache (16 GB for 8B in BF16, kept twice while downloading) plus

@@ -134,7 +134,7 @@ class PdInferenceStack(Stack):
                     f"kubectl -n {settings.serving_namespace} get svc {settings.service_name}-internal "
                     "-o jsonpath='{.status.loadBalancer.ingress[0].hostname}'"
                 ),
-                description="Prints the internal NLB's DNS name (port 8000)",
+                description=f"Prints the internal NLB's DNS name (port {serve_config.SERVE_PORT})",
             )
 
         # Deletion runs in reverse: RayService, then Helm releases, then node
