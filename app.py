@@ -43,11 +43,19 @@ def build_app(context: dict[str, object] | None = None) -> tuple[cdk.App, PdInfe
     return app, stack, settings
 
 
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def main() -> int:
     try:
         app, _, settings = build_app()
     except (SettingsError, ServeConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 1
+    except RuntimeError as err:
+        # jsii raises RuntimeError for anything the CDK refuses while the stack is built.
+        print(f"error: the stack could not be built: {_first_line(err)}", file=sys.stderr)
         return 1
     # On stderr: `cdk synth` prints the template on stdout.
     print(f"Estimated cost: {cost_summary(settings)}", file=sys.stderr)
@@ -55,10 +63,9 @@ def main() -> int:
     try:
         app.synth()
     except RuntimeError as err:
-        # jsii wraps every synth-time failure (cdk-nag findings, CDK validation)
-        # in a RuntimeError whose first line says what failed; CDK has already
-        # printed the details above it.
-        print(f"error: synth failed: {str(err).splitlines()[0]}", file=sys.stderr)
+        # cdk-nag findings and CDK validation arrive here; CDK has already
+        # printed the details above this line.
+        print(f"error: synth failed: {_first_line(err)}", file=sys.stderr)
         return 1
     return 0
 
