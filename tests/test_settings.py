@@ -148,3 +148,20 @@ def test_app_prints_one_line_and_no_traceback(context: dict[str, Any], key: str,
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"error: setting '{key}'")
     assert "Traceback" not in result.stderr
+
+
+def test_a_cdk_refusal_while_building_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """jsii surfaces CDK errors as RuntimeError with a JavaScript stack; main() prints their first line."""
+    import app
+
+    def refuse() -> None:
+        raise RuntimeError("AmiTypeDoesNotMatchInstanceArchitecture: the AMI does not match\n    at Kernel._ensureSync")
+
+    monkeypatch.setattr(app, "build_app", refuse)
+    assert app.main() == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: the stack could not be built: AmiTypeDoesNotMatchInstanceArchitecture: the AMI does not match"
+    ]
