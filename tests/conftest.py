@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from tools.review import render
 
@@ -19,6 +20,12 @@ CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["
 os.environ.setdefault("CDK_DISABLE_CLI_TELEMETRY", "true")
 os.environ.pop("CDK_DEFAULT_ACCOUNT", None)
 os.environ.pop("CDK_DEFAULT_REGION", None)
+
+# CI explores the same examples every run, so a landing never depends on luck;
+# local runs keep exploring new ones.
+hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+if os.environ.get("CI") == "true":
+    hypothesis_settings.load_profile("ci")
 
 _CACHE: dict[str, dict[str, Any]] = {}
 
