@@ -75,7 +75,12 @@ def _coerce(key: str, raw: Any) -> Any:
     if typing.get_origin(hint) is tuple:
         if isinstance(raw, str):
             text = raw.strip()
-            items = json.loads(text) if text.startswith("[") else [p for p in text.split(",")]
+            try:
+                items = json.loads(text) if text.startswith("[") else text.split(",")
+            except json.JSONDecodeError:
+                raise SettingsError(key, raw, "a JSON list or comma-separated text") from None
+            if not isinstance(items, list):
+                raise SettingsError(key, raw, "a JSON list or comma-separated text")
         elif isinstance(raw, (list, tuple)):
             items = list(raw)
         else:

@@ -25,7 +25,7 @@ CANDIDATES: dict[str, list[Any]] = {
     "cluster_name": ["pd-inference", "a", "bad name", "-x"],
     "kubernetes_version": ["1.36", "1.35", "1.32", "1.31", "1.30", "2.0"],
     "endpoint_access": ["public_and_private", "private", "public"],
-    "cluster_admin_arns": ["", "arn:aws:iam::123456789012:role/admin", "nope"],
+    "cluster_admin_arns": ["", "arn:aws:iam::123456789012:role/admin", "nope", "[broken", '["arn:aws:iam::1:role/x"]'],
     "system_instance_type": ["m7i.xlarge", "g6.8xlarge", "t2.micro"],
     "system_nodes_min": [0, 1, 2, 5, -1],
     "system_nodes_desired": [0, 1, 2, 3, 9],
