@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from cfnlint.api import ManualArgs, lint
 
-from tests.conftest import synth
+from tests.conftest import CDK_JSON_CONTEXT, synth
 
 # W3005 (redundant DependsOn): CDK adds explicit DependsOn next to the implicit
 # Ref/GetAtt ones; harmless, and not ours to remove.
@@ -52,3 +53,13 @@ def test_cfn_lint_clean_with_every_optional_part() -> None:
         prefill_replicas="2",
     )
     assert _lint(template) == []
+
+
+def test_cdk_builtin_validator_passes_when_turned_back_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """app.py leaves CDK's WebAssembly validator off (cfn-lint above replaces it); users may turn it on."""
+    from app import build_app
+
+    monkeypatch.setenv("CDK_VALIDATION", "true")
+    context = {**CDK_JSON_CONTEXT, "internal_endpoint_cidrs": "10.0.0.0/8", "hf_token_secret_name": "prod/hf-token"}
+    app, _, _ = build_app(context)
+    app.synth()  # the validator's errors would fail synth here (as would cdk-nag's)
