@@ -6,11 +6,9 @@ import importlib.util
 import ipaddress
 import re
 from dataclasses import dataclass, fields
-from typing import Literal
 
 from settings import catalog
 
-EndpointAccessMode = Literal["public_and_private", "private"]
 ENDPOINT_ACCESS_MODES: tuple[str, ...] = ("public_and_private", "private")
 
 
