@@ -73,6 +73,8 @@ def kuberay_crd_upgrade(system_node_labels: Mapping[str, str]) -> list[dict[str,
                             {
                                 "name": "apply-crds",
                                 "image": KUBECTL_IMAGE,
+                                # The image's entrypoint is not documented; name the binary.
+                                "command": ["kubectl"],
                                 "args": apply_args,
                                 "securityContext": {
                                     "runAsNonRoot": True,

@@ -75,9 +75,9 @@ EFA_DEVICE_PLUGIN = HelmChartPin(
 # RayCronJob is left out: whether v1.7.0 ships it is unconfirmed here, and this
 # stack does not use it.
 KUBERAY_CRDS = ("rayclusters", "rayjobs", "rayservices")
-# The kubectl image of the sig-release project; unconfirmed offline that this
-# exact tag is published; change it here.
-KUBECTL_IMAGE = "registry.k8s.io/kubectl:v1.36.0"
+# Kubernetes' own kubectl image; this tag is in use in public manifests that
+# apply CRDs server-side the same way (not pulled from here); change it here.
+KUBECTL_IMAGE = "registry.k8s.io/kubectl:v1.36.4"
 
 
 def kuberay_crd_urls(version: str) -> list[str]:
