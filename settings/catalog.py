@@ -86,11 +86,12 @@ def kuberay_crd_urls(version: str) -> list[str]:
 
 
 # Installed only when a setting asks for it.
-# external-secrets/external-secrets deploy/charts/external-secrets/Chart.yaml (2.0.0, appVersion v2.0.0).
+# External Secrets Operator chart 2.10.0 (released 2026-08-31, tag helm-chart-2.10.0); the
+# values set here (global.nodeSelector, serviceAccount.name) are read from the chart's values.yaml.
 EXTERNAL_SECRETS = HelmChartPin(
     chart="external-secrets",
     repository="https://charts.external-secrets.io",
-    version="2.0.0",
+    version="2.10.0",
     release="external-secrets",
     namespace="external-secrets",
 )
