@@ -15,6 +15,9 @@ from typing import Any
 import yaml
 
 from serve_config import checks
+from serve_config.checks import DECODE as DECODE
+from serve_config.checks import PREFILL as PREFILL
+from serve_config.checks import SIDES as SIDES
 from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION
 
@@ -25,8 +28,10 @@ class ServeConfigError(ValueError):
     """The serve config data breaks disaggregation (see serve_config/checks.py)."""
 
 
-SIDES: tuple[str, str] = ("prefill", "decode")
 SERVE_PORT = 8000
+# Extended resources the device plugins advertise on the GPU nodes.
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HF_TOKEN_SECRET = "hf-token"  # noqa: S105 - a Secret's name, not a token
 HF_TOKEN_SECRET_KEY = "token"  # noqa: S105 - a key name
 
@@ -53,7 +58,7 @@ def kv_buffer_device(settings: Settings) -> str:
 
 
 def replicas(settings: Settings, side: str) -> int:
-    return settings.prefill_replicas if side == "prefill" else settings.decode_replicas
+    return settings.prefill_replicas if side == PREFILL else settings.decode_replicas
 
 
 def llm_config(settings: Settings, side: str) -> dict[str, Any]:
@@ -120,8 +125,8 @@ def worker_resources(settings: Settings) -> dict[str, str]:
     return {
         "cpu": str(gpu.vcpus - 4),
         "memory": f"{int(gpu.memory_gib * 0.75)}Gi",
-        "nvidia.com/gpu": "1",
-        "vpc.amazonaws.com/efa": "1",
+        GPU_RESOURCE: "1",
+        EFA_RESOURCE: "1",
     }
 
 

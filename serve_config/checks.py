@@ -11,6 +11,9 @@ from typing import Any
 import yaml
 
 REQUIRED_BACKENDS = ["LIBFABRIC"]
+# The two sides; each is also the name of its worker group and its custom resource.
+PREFILL, DECODE = "prefill", "decode"
+SIDES: tuple[str, str] = (PREFILL, DECODE)
 
 
 def _kv(config: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +38,7 @@ def problems(rayservice: dict[str, Any]) -> list[str]:
     groups = spec["rayClusterConfig"].get("workerGroupSpecs", [])
     for app in yaml.safe_load(spec["serveConfigV2"])["applications"]:
         args = app.get("args", {})
-        sides = {side: args.get(f"{side}_config", {}) for side in ("prefill", "decode")}
+        sides = {side: args.get(f"{side}_config", {}) for side in SIDES}
         for side, config in sides.items():
             kv = _kv(config)
             backends = kv.get("kv_connector_extra_config", {}).get("backends")

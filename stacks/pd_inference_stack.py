@@ -26,7 +26,7 @@ def vpc_availability_zones(settings: Settings) -> list[str] | None:
     az = settings.gpu_availability_zone
     if az is None:
         return None
-    others = [z for z in REGION_AZS[az[:-1]] if z != az]
+    others = [z for z in REGION_AZS[settings.effective_region or ""] if z != az]
     return [az, *others[: settings.max_azs - 1]]
 
 
@@ -78,6 +78,8 @@ class PdInferenceStack(Stack):
             capacity_reservation_id=settings.gpu_capacity_reservation_id,
             pods_reach_imds=settings.pod_imds_access,
         )
+        # Everything Kubernetes runs waits for both node groups (and is deleted before them).
+        nodegroups = (system_nodes.nodegroup, gpu_nodes.nodegroup)
         addons = ClusterAddons(
             self,
             "Addons",
@@ -109,7 +111,7 @@ class PdInferenceStack(Stack):
                 target_key=serve_config.HF_TOKEN_SECRET_KEY,
                 system_node_labels=system_nodes.labels,
             )
-            token.release.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
+            token.release.node.add_dependency(*nodegroups)
             token.secret_store.node.add_dependency(service.namespace_manifest)
             service.rayservice_manifest.node.add_dependency(token.external_secret)
         if settings.internal_endpoint_cidrs:
@@ -125,7 +127,7 @@ class PdInferenceStack(Stack):
                 source_cidrs=settings.internal_endpoint_cidrs,
                 system_node_labels=system_nodes.labels,
             )
-            endpoint.release.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
+            endpoint.release.node.add_dependency(*nodegroups)
             endpoint.service.node.add_dependency(service.namespace_manifest)
             CfnOutput(
                 self,
@@ -140,11 +142,11 @@ class PdInferenceStack(Stack):
         # Deletion runs in reverse: RayService, then Helm releases, then node
         # groups, then the cluster. The releases wait for nodes to exist so
         # their pods schedule; the RayService needs the CRDs and device plugins.
-        for nodegroup in (system_nodes.nodegroup, gpu_nodes.nodegroup):
+        for nodegroup in nodegroups:
             nodegroup.node.add_dependency(*eks_cluster.node_prerequisites)
         for release in addons.releases:
-            release.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
-        service.namespace_manifest.node.add_dependency(system_nodes.nodegroup, gpu_nodes.nodegroup)
+            release.node.add_dependency(*nodegroups)
+        service.namespace_manifest.node.add_dependency(*nodegroups)
         service.rayservice_manifest.node.add_dependency(*addons.releases, addons.kuberay_crd_upgrade[-1])
 
         CfnOutput(

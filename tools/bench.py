@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from serve_config import SERVE_PORT, serve_service_name
+from serve_config import DECODE, SERVE_PORT, serve_service_name
 from settings import Settings, settings_from_cli
 from tools.cluster_access import NixlSnapshot, metrics_text, port_forward, worker_pods
 
@@ -138,7 +138,7 @@ def _csv_ints(text: str) -> list[int]:
 def sweep(
     settings: Settings, points: list[Point], output_len: int, num_prompts: int, out: Path
 ) -> list[dict[str, Any]]:
-    decode = worker_pods(settings).get("decode", [])
+    decode = worker_pods(settings).get(DECODE, [])
     decode_pod = decode[0]["metadata"]["name"] if decode else None
 
     def snapshot() -> NixlSnapshot:

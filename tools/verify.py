@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from serve_config import SERVE_PORT, serve_service_name
+from serve_config import DECODE, EFA_RESOURCE, SERVE_PORT, SIDES, serve_service_name
 from settings import Settings, settings_from_cli
 from tools.cluster_access import (
     NixlSnapshot,
@@ -87,7 +87,7 @@ def placement_check(groups: dict[str, list[dict[str, Any]]], nodes: dict[str, di
     problems = []
     used: list[str] = []
     zones = set()
-    for side in ("prefill", "decode"):
+    for side in SIDES:
         running = [p for p in groups.get(side, []) if p["status"].get("phase") == "Running"]
         if not running:
             problems.append(f"no running {side} worker")
@@ -95,8 +95,8 @@ def placement_check(groups: dict[str, list[dict[str, Any]]], nodes: dict[str, di
             node = pod["spec"].get("nodeName", "")
             used.append(node)
             zones.add(nodes.get(node, {}).get("metadata", {}).get("labels", {}).get("topology.kubernetes.io/zone"))
-            efa = [c["resources"].get("limits", {}).get("vpc.amazonaws.com/efa") for c in pod["spec"]["containers"]]
-            allocatable = nodes.get(node, {}).get("status", {}).get("allocatable", {}).get("vpc.amazonaws.com/efa")
+            efa = [c["resources"].get("limits", {}).get(EFA_RESOURCE) for c in pod["spec"]["containers"]]
+            allocatable = nodes.get(node, {}).get("status", {}).get("allocatable", {}).get(EFA_RESOURCE)
             if "1" not in efa or not allocatable or int(allocatable) < 1:
                 problems.append(f"{pod['metadata']['name']}: no EFA device (limit {efa}, node has {allocatable})")
     if len(used) != len(set(used)):
@@ -143,7 +143,7 @@ def run_checks(settings: Settings) -> list[Check]:
 
     checks.append(_guard("NIXL LIBFABRIC backend, no fallback", logs))
 
-    decode = groups.get("decode", [])
+    decode = groups.get(DECODE, [])
     decode_pod = decode[0]["metadata"]["name"] if decode else ""
     before = NixlSnapshot.of(metrics_text(ns, decode_pod)) if decode_pod else NixlSnapshot(0, 0, 0)
     with port_forward(settings, serve_service_name(settings), SERVE_PORT) as base:
