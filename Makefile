@@ -8,7 +8,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 CDK := $(abspath node_modules/.bin/cdk)
 
-.PHONY: setup setup-serve synth test test-fast lint fetch-schemas review handoff plan verify bench benchmark clean
+.PHONY: setup setup-serve synth test test-fast lint fetch-schemas schemas review handoff plan verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,11 +39,11 @@ lint: setup
 	$(BIN)/mypy .
 
 ## The full suite: lint, types, and every test, Ray's and vLLM's validators included.
-test: setup-serve lint
+test: setup-serve lint schemas
 	REQUIRE_SERVE_DEPS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:warnings
 
 ## Everything but the tests that need ray[serve,llm] (a ~10 GB install).
-test-fast: setup lint
+test-fast: setup lint schemas
 	$(BIN)/python -m pytest -n 2 -q -p no:warnings -m "not serve"
 
 ## Decode Helm values and manifests into review/ (commit the result; a test checks it is fresh).
@@ -70,9 +70,13 @@ bench: setup-serve
 benchmark: setup-serve
 	$(BIN)/python -m tools.benchmark
 
-## The KubeRay CRD and charts' default values, for a clone without ../shared.
+## The pinned chart archives and the KubeRay CRD, for a clone without ../shared (digests checked).
 fetch-schemas: setup
 	$(BIN)/python -m tools.fetch_schemas
+
+# What the tests read: from ../shared where it exists (CI, offline), else fetched once into .schemas/.
+schemas: setup
+	$(BIN)/python -m tools.fetch_schemas --if-missing
 
 clean:
 	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache

@@ -13,6 +13,11 @@ from cdk_constructs.node_common import LT, node_launch_template_data, node_role
 from settings.catalog import DEFAULT_GPU_INSTANCE_TYPE
 
 GPU_NODE_LABELS: Mapping[str, str] = {"role": "gpu-worker"}
+# The NVIDIA device plugin chart (0.20.0) requires this label (or an NFD one) in its
+# node affinity. nodeadm sets it on NVIDIA AMIs only from Kubernetes 1.35
+# (amazon-eks-ami nodeadm/internal/kubelet/config.go); before that the plugin
+# would schedule nowhere and no node would advertise nvidia.com/gpu.
+GPU_PRESENT_LABEL: Mapping[str, str] = {"nvidia.com/gpu.present": "true"}
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "true"
 
@@ -106,7 +111,7 @@ class EfaGpuNodes(Construct):
             min_size=node_count,
             desired_size=node_count,
             max_size=node_count,
-            labels=dict(self.labels),
+            labels={**self.labels, **GPU_PRESENT_LABEL},
             taints=[eks.TaintSpec(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE, effect=eks.TaintEffect.NO_SCHEDULE)],
             subnets=ec2.SubnetSelection(subnets=[subnet]),
             launch_template_spec=eks.LaunchTemplateSpec(

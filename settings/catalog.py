@@ -47,8 +47,9 @@ class HelmChartPin:
     namespace: str
 
 
-# Versions chosen in issue 2; the default values.yaml of each is kept in
-# ../shared/helm-values/ so tests can prove every value we set is one the chart reads.
+# The tests render each pinned chart (../shared/charts, or fetched by
+# tools/fetch_schemas.py) with the values the stack sets, through the helm of
+# the kubectl layer.
 KUBERAY_OPERATOR = HelmChartPin(
     chart="kuberay-operator",
     repository="https://ray-project.github.io/kuberay-helm/",
@@ -86,12 +87,13 @@ def kuberay_crd_urls(version: str) -> list[str]:
 
 
 # Installed only when a setting asks for it.
-# External Secrets Operator chart 2.10.0 (released 2026-08-31, tag helm-chart-2.10.0); the
-# values set here (global.nodeSelector, serviceAccount.name) are read from the chart's values.yaml.
+# External Secrets Operator chart 2.9.0: the newest release whose archive the
+# offline tests can render (../shared/charts); a chart the tests cannot render
+# is not pinned.
 EXTERNAL_SECRETS = HelmChartPin(
     chart="external-secrets",
     repository="https://charts.external-secrets.io",
-    version="2.10.0",
+    version="2.9.0",
     release="external-secrets",
     namespace="external-secrets",
 )
@@ -104,6 +106,8 @@ AWS_LOAD_BALANCER_CONTROLLER = HelmChartPin(
     release="aws-load-balancer-controller",
     namespace="kube-system",
 )
+# Every chart the stack may install: the tests render each with the real helm.
+ALL_CHARTS = (KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, EXTERNAL_SECRETS, AWS_LOAD_BALANCER_CONTROLLER)
 
 
 # --- Container image ---------------------------------------------------------
@@ -134,6 +138,9 @@ class InstanceSpec:
     gpu_bf16_tflops: float
     # Ray's accelerator_type name for the GPU (ray.util.accelerators).
     ray_accelerator_type: str
+    # Pods the kubelet admits with the VPC CNI and no prefix delegation:
+    # ENIs x (IPv4 addresses per ENI - 1) + 2 (amazon-eks-ami eni-max-pods.txt).
+    max_pods: int
 
 
 # Sources: EC2 instance type pages (accelerated computing; network
@@ -144,20 +151,20 @@ class InstanceSpec:
 # public datasheet, 70 is the A10's figure scaled to its clocks (unconfirmed).
 INSTANCE_TYPES: Mapping[str, InstanceSpec] = MappingProxyType(
     {
-        "m7i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, ""),
-        "m7i.2xlarge": InstanceSpec(8, 32, 0, 0, "", 0.0, False, 12.5, 0.0, ""),
-        "m7i.4xlarge": InstanceSpec(16, 64, 0, 0, "", 0.0, False, 12.5, 0.0, ""),
-        "m6i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, ""),
-        "g6.8xlarge": InstanceSpec(32, 128, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4"),
-        "g6.12xlarge": InstanceSpec(48, 192, 1, 4, "L4", 22.5, False, 40.0, 121.0, "L4"),
-        "g6.16xlarge": InstanceSpec(64, 256, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4"),
-        "g6.2xlarge": InstanceSpec(8, 32, 0, 1, "L4", 22.5, False, 10.0, 121.0, "L4"),
-        "g6e.8xlarge": InstanceSpec(32, 256, 1, 1, "L40S", 44.5, False, 25.0, 362.0, "L40S"),
-        "g6e.12xlarge": InstanceSpec(48, 384, 1, 4, "L40S", 44.5, False, 100.0, 362.0, "L40S"),
-        "g5.8xlarge": InstanceSpec(32, 128, 1, 1, "A10G", 22.0, False, 25.0, 70.0, "A10G"),
-        "g5.12xlarge": InstanceSpec(48, 192, 1, 4, "A10G", 22.0, False, 40.0, 70.0, "A10G"),
-        "p4d.24xlarge": InstanceSpec(96, 1152, 4, 8, "A100", 39.5, True, 400.0, 312.0, "A100-40G"),
-        "p5.48xlarge": InstanceSpec(192, 2048, 32, 8, "H100", 79.0, True, 3200.0, 989.0, "H100"),
+        "m7i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58),
+        "m7i.2xlarge": InstanceSpec(8, 32, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58),
+        "m7i.4xlarge": InstanceSpec(16, 64, 0, 0, "", 0.0, False, 12.5, 0.0, "", 234),
+        "m6i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58),
+        "g6.8xlarge": InstanceSpec(32, 128, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4", 234),
+        "g6.12xlarge": InstanceSpec(48, 192, 1, 4, "L4", 22.5, False, 40.0, 121.0, "L4", 234),
+        "g6.16xlarge": InstanceSpec(64, 256, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4", 737),
+        "g6.2xlarge": InstanceSpec(8, 32, 0, 1, "L4", 22.5, False, 10.0, 121.0, "L4", 58),
+        "g6e.8xlarge": InstanceSpec(32, 256, 1, 1, "L40S", 44.5, False, 25.0, 362.0, "L40S", 234),
+        "g6e.12xlarge": InstanceSpec(48, 384, 1, 4, "L40S", 44.5, False, 100.0, 362.0, "L40S", 234),
+        "g5.8xlarge": InstanceSpec(32, 128, 1, 1, "A10G", 22.0, False, 25.0, 70.0, "A10G", 234),
+        "g5.12xlarge": InstanceSpec(48, 192, 1, 4, "A10G", 22.0, False, 40.0, 70.0, "A10G", 234),
+        "p4d.24xlarge": InstanceSpec(96, 1152, 4, 8, "A100", 39.5, True, 400.0, 312.0, "A100-40G", 737),
+        "p5.48xlarge": InstanceSpec(192, 2048, 32, 8, "H100", 79.0, True, 3200.0, 989.0, "H100", 100),
     }
 )
 
@@ -173,19 +180,24 @@ class ModelSpec:
     head_dim: int
     dtype_bytes: int
     needs_token: bool
+    # max_position_embeddings: vLLM refuses a longer max_model_len at startup
+    # (vllm/config/model.py, _get_and_verify_max_len) unless told to allow it.
+    max_context_tokens: int
 
 
 # From each model's config.json on its Hugging Face model card
-# (num_hidden_layers, num_key_value_heads, head_dim, torch_dtype) and the
-# parameter count the card states.
+# (num_hidden_layers, num_key_value_heads, head_dim, torch_dtype,
+# max_position_embeddings) and the parameter count the card states.
 MODELS: Mapping[str, ModelSpec] = MappingProxyType(
     {
-        "Qwen/Qwen3-8B": ModelSpec(8.19, 36, 8, 128, 2, needs_token=False),
-        "Qwen/Qwen3-4B": ModelSpec(4.02, 36, 8, 128, 2, needs_token=False),
-        "Qwen/Qwen3-14B": ModelSpec(14.8, 40, 8, 128, 2, needs_token=False),
-        "Qwen/Qwen2.5-7B-Instruct": ModelSpec(7.62, 28, 4, 128, 2, needs_token=False),
-        "meta-llama/Llama-3.1-8B-Instruct": ModelSpec(8.03, 32, 8, 128, 2, needs_token=True),
-        "mistralai/Mistral-7B-Instruct-v0.3": ModelSpec(7.25, 32, 8, 128, 2, needs_token=True),
+        "Qwen/Qwen3-8B": ModelSpec(8.19, 36, 8, 128, 2, needs_token=False, max_context_tokens=40960),
+        "Qwen/Qwen3-4B": ModelSpec(4.02, 36, 8, 128, 2, needs_token=False, max_context_tokens=40960),
+        "Qwen/Qwen3-14B": ModelSpec(14.8, 40, 8, 128, 2, needs_token=False, max_context_tokens=40960),
+        "Qwen/Qwen2.5-7B-Instruct": ModelSpec(7.62, 28, 4, 128, 2, needs_token=False, max_context_tokens=32768),
+        "meta-llama/Llama-3.1-8B-Instruct": ModelSpec(8.03, 32, 8, 128, 2, needs_token=True, max_context_tokens=131072),
+        "mistralai/Mistral-7B-Instruct-v0.3": ModelSpec(
+            7.25, 32, 8, 128, 2, needs_token=True, max_context_tokens=32768
+        ),
     }
 )
 DEFAULT_MODEL_ID = "Qwen/Qwen3-8B"

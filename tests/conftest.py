@@ -11,13 +11,17 @@ from typing import Any
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from tools.fetch_schemas import find
 from tools.review import render
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
 
 os.environ.setdefault("CDK_DISABLE_CLI_TELEMETRY", "true")
+# cfn-lint runs on the synthesized templates here (tests/test_cfn_lint.py), so the
+# suite skips CDK's built-in validator, which app.py runs by default; a test
+# proves it is on by default and passes.
+os.environ.setdefault("CDK_VALIDATION", "false")
 os.environ.pop("CDK_DEFAULT_ACCOUNT", None)
 os.environ.pop("CDK_DEFAULT_REGION", None)
 
@@ -101,14 +105,11 @@ def rayservice(template: dict[str, Any]) -> dict[str, Any]:
 
 
 def shared_file(relative: str) -> Path:
-    """A file from ../shared (or .schemas/, which `make fetch-schemas` fills), or skip saying how to get it."""
-    for base in (SHARED, ROOT / ".schemas"):
-        if (base / relative).exists():
-            return base / relative
-    message = f"{relative} is in neither ../shared nor .schemas/: run `make fetch-schemas` to download it"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)  # CI always has ../shared: a skip there would hide a missing check
-    pytest.skip(message)
+    """A file from ../shared (or .schemas/, which `make fetch-schemas` fills); a missing one fails, never skips."""
+    found = find(relative)
+    if found is None:
+        pytest.fail(f"{relative} is in neither ../shared nor .schemas/: run `make fetch-schemas` to download it")
+    return found
 
 
 def require_serve_deps() -> None:

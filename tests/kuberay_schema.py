@@ -1,4 +1,4 @@
-"""Validate a RayService against KubeRay's published CRD schema, strictly.
+"""Validate a RayService (or any custom resource) against its published CRD schema, strictly.
 
 The CRD's OpenAPI v3 schema does not forbid unknown fields (the API server
 prunes them silently), so a typo like `replica:` would pass it. Here every
@@ -56,18 +56,33 @@ def _fill_defaults(validator_class: Any) -> Any:
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
-@functools.cache
-def _schema(crd_path: Path, version: str = "v1") -> dict[str, Any]:
-    crd = yaml.safe_load(crd_path.read_text())
+def crd_schema(crd: dict[str, Any], version: str) -> dict[str, Any]:
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]
     return schema
 
 
+@functools.cache
+def _schema(crd_path: Path, version: str = "v1") -> dict[str, Any]:
+    return crd_schema(yaml.safe_load(crd_path.read_text()), version)
+
+
 def validation_errors(rayservice: dict[str, Any], crd_path: Path) -> list[str]:
     """Schema errors of the RayService (defaults filled, unknown fields rejected); empty when valid."""
-    document = copy.deepcopy(rayservice)
-    schema = _schema(crd_path)
+    return schema_errors(rayservice, _schema(crd_path))
+
+
+def custom_resource_errors(obj: dict[str, Any], crds: list[dict[str, Any]]) -> list[str] | None:
+    """Strict schema errors of a custom resource against the CRD that serves it; None if no CRD does."""
+    group, _, version = obj["apiVersion"].rpartition("/")
+    for crd in crds:
+        if crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == obj["kind"]:
+            return schema_errors(obj, crd_schema(crd, version))
+    return None
+
+
+def schema_errors(obj: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    document = copy.deepcopy(obj)
     for _ in _fill_defaults(jsonschema.Draft7Validator)(schema).iter_errors(document):
         pass
     strict = jsonschema.Draft7Validator(_strict(schema))

@@ -1,4 +1,4 @@
-"""Every Helm value the stack sets is one the pinned chart reads."""
+"""Every Helm value the stack sets is one the pinned chart reads (its own values.yaml, from the archive)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from typing import Any
 import pytest
 import yaml
 
-from settings.catalog import EFA_DEVICE_PLUGIN, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, HelmChartPin
-from tests.conftest import resources, shared_file
+from settings.catalog import ALL_CHARTS, KUBERAY_OPERATOR, HelmChartPin
+from tests.conftest import resources, synth
+from tests.helm import chart_archive, release_values
+from tools.fetch_schemas import chart_member
 
-PINS = {pin.chart: pin for pin in (KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN)}
+PINS = {pin.chart: pin for pin in ALL_CHARTS}
+EVERYTHING = {"hf_token_secret_name": "prod/hf-token", "internal_endpoint_cidrs": "10.0.0.0/8"}
 
 
 def unknown_keys(ours: Any, defaults: Any, path: str = "") -> list[str]:
@@ -29,21 +32,20 @@ def unknown_keys(ours: Any, defaults: Any, path: str = "") -> list[str]:
 
 
 def _defaults(pin: HelmChartPin) -> dict[str, Any]:
-    path = shared_file(f"helm-values/{pin.chart}-{pin.version}.values.yaml")
-    values: dict[str, Any] = yaml.safe_load(path.read_text())
+    values: dict[str, Any] = yaml.safe_load(chart_member(chart_archive(pin), f"{pin.chart}/values.yaml"))
     return values
 
 
 @pytest.mark.parametrize("chart", sorted(PINS))
-def test_values_we_set_exist_in_chart_defaults(template: dict[str, Any], chart: str) -> None:
+def test_values_we_set_exist_in_chart_defaults(chart: str) -> None:
     (release,) = [
         r["Properties"]
-        for r in resources(template, "Custom::AWSCDK-EKS-HelmChart").values()
+        for r in resources(synth(**EVERYTHING), "Custom::AWSCDK-EKS-HelmChart").values()
         if r["Properties"]["Chart"] == chart
     ]
-    ours = json.loads(release["Values"])
+    ours = release_values(release)
     assert ours
-    assert unknown_keys(ours, _defaults(PINS[chart])) == []
+    assert unknown_keys(ours, _defaults(PINS[chart])) == [], json.dumps(ours)
 
 
 def test_a_misspelled_value_is_caught() -> None:

@@ -1,0 +1,403 @@
+"""A placement proof: the nodes EKS will create, every pod the cluster will run, and where each lands.
+
+Small and explicit, not a scheduler: nodeSelector, required node affinity,
+taints and tolerations, and resource requests against what is left on a node.
+DaemonSets go first (they are system-node-critical), then everything else in
+order, each replica on the eligible node with the most CPU left.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve_config import EFA_RESOURCE, GPU_RESOURCE
+from settings.catalog import EFA_DEVICE_PLUGIN, INSTANCE_TYPES, NVIDIA_DEVICE_PLUGIN
+
+GIB = 2**30
+MIB = 2**20
+
+# --- Nodes ----------------------------------------------------------------------------
+# The kubelet sees a little less memory than the instance's nominal size (the
+# kernel and firmware keep some): ../shared/FACTS.md puts g6.8xlarge's 128 GiB at
+# about 125 GiB. The same share is assumed for every type (an estimate).
+MEMORY_SEEN_BY_KUBELET = 125 / 128
+# nodeadm's hard eviction threshold, memory.available<100Mi (amazon-eks-ami nodeadm kubelet config).
+EVICTION_HARD_MEMORY = 100 * MIB
+
+
+def kube_reserved_cpu_millis(vcpus: int) -> float:
+    """nodeadm: 6% of the first core, 1% of the second, 0.5% of the third and fourth, 0.25% of the rest."""
+    shares = [60.0, 10.0, 5.0, 5.0]
+    return sum(shares[: min(vcpus, 4)]) + max(vcpus - 4, 0) * 2.5
+
+
+def kube_reserved_memory(max_pods: int) -> int:
+    """nodeadm: 11 MiB per pod the node admits, plus 255 MiB."""
+    return (11 * max_pods + 255) * MIB
+
+
+def nodeadm_labels(ami_type: str, kubernetes_version: str) -> dict[str, str]:
+    """Labels nodeadm adds by itself: nvidia.com/gpu.present on NVIDIA AMIs, from Kubernetes 1.35 on
+    (amazon-eks-ami nodeadm/internal/kubelet/config.go)."""
+    minor = int(kubernetes_version.split(".")[1])
+    if "NVIDIA" in ami_type.upper() and minor >= 35:
+        return {"nvidia.com/gpu.present": "true"}
+    return {}
+
+
+@dataclass
+class Node:
+    name: str
+    group: str
+    labels: dict[str, str]
+    taints: list[dict[str, str]]
+    # cpu in millicores, memory in bytes, pods, extended resources in units
+    allocatable: dict[str, float]
+    used: dict[str, float] = field(default_factory=dict)
+    pods: list[str] = field(default_factory=list)
+
+    def free(self, resource: str) -> float:
+        return self.allocatable.get(resource, 0.0) - self.used.get(resource, 0.0)
+
+
+_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
+
+
+def nodes_from_template(template: Mapping[str, Any], kubernetes_version: str, *, at: str = "min") -> list[Node]:
+    """One Node per instance each managed node group runs at its minimum (or desired) size."""
+    nodes = []
+    for logical_id, resource in template["Resources"].items():
+        if resource["Type"] != "AWS::EKS::Nodegroup":
+            continue
+        props = resource["Properties"]
+        instance_type = props["InstanceTypes"][0]
+        spec = INSTANCE_TYPES[instance_type]
+        scaling = props["ScalingConfig"]
+        count = scaling["MinSize"] if at == "min" else scaling["DesiredSize"]
+        # Labels EKS puts on every managed node, plus ours and nodeadm's.
+        labels = {
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "node.kubernetes.io/instance-type": instance_type,
+            "eks.amazonaws.com/nodegroup": logical_id,
+            "eks.amazonaws.com/capacityType": "ON_DEMAND",
+            **props.get("Labels", {}),
+            **nodeadm_labels(props["AmiType"], kubernetes_version),
+        }
+        taints = [
+            {"key": t["Key"], "value": t.get("Value", ""), "effect": _EFFECTS[t["Effect"]]}
+            for t in props.get("Taints", [])
+        ]
+        memory = spec.memory_gib * GIB * MEMORY_SEEN_BY_KUBELET
+        allocatable = {
+            "cpu": spec.vcpus * 1000 - kube_reserved_cpu_millis(spec.vcpus),
+            "memory": memory - kube_reserved_memory(spec.max_pods) - EVICTION_HARD_MEMORY,
+            "pods": float(spec.max_pods),
+        }
+        for index in range(count):
+            nodes.append(
+                Node(
+                    f"{logical_id}-{index}",
+                    logical_id,
+                    {**labels, "kubernetes.io/hostname": f"n{index}"},
+                    taints,
+                    dict(allocatable),
+                )
+            )
+    return nodes
+
+
+# --- Pods -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Workload:
+    """Pods of one controller: a DaemonSet (one per eligible node) or `replicas` of one template."""
+
+    name: str
+    source: str
+    spec: dict[str, Any]
+    daemonset: bool = False
+    replicas: int = 1
+
+
+_QUANTITY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def quantity(value: Any, resource: str) -> float:
+    """A Kubernetes quantity in the units Node.allocatable uses (millicores for cpu, bytes otherwise)."""
+    text = str(value)
+    if resource == "cpu":
+        return float(text[:-1]) if text.endswith("m") else float(text) * 1000
+    for suffix, factor in _QUANTITY.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, float]:
+    """What the scheduler counts: the sum over containers, or the largest init container if larger."""
+    totals: dict[str, float] = {}
+    for container in spec.get("containers", []):
+        for resource, value in _requests(container).items():
+            totals[resource] = totals.get(resource, 0.0) + quantity(value, resource)
+    for container in spec.get("initContainers", []):
+        for resource, value in _requests(container).items():
+            totals[resource] = max(totals.get(resource, 0.0), quantity(value, resource))
+    totals["pods"] = 1.0
+    return totals
+
+
+def _requests(container: Mapping[str, Any]) -> dict[str, Any]:
+    resources = container.get("resources") or {}
+    # A limit without a request is also the request (Kubernetes defaults it).
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+
+
+def workloads_from_objects(objects: Iterable[Mapping[str, Any]], source: str) -> list[Workload]:
+    found = []
+    for obj in objects:
+        kind = obj.get("kind")
+        name = f"{kind}/{obj.get('metadata', {}).get('name')}"
+        if kind == "DaemonSet":
+            found.append(Workload(name, source, obj["spec"]["template"]["spec"], daemonset=True))
+        elif kind in ("Deployment", "StatefulSet"):
+            found.append(
+                Workload(name, source, obj["spec"]["template"]["spec"], replicas=obj["spec"].get("replicas", 1))
+            )
+        elif kind == "Job":
+            found.append(Workload(name, source, obj["spec"]["template"]["spec"]))
+        elif kind == "Pod":
+            found.append(Workload(name, source, obj["spec"]))
+    return found
+
+
+def ray_workloads(rayservice: Mapping[str, Any]) -> list[Workload]:
+    """The head and worker pods KubeRay builds from the RayService (it copies each template's spec)."""
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    name = rayservice["metadata"]["name"]
+    found = [Workload(f"{name}/head", "RayService", cluster["headGroupSpec"]["template"]["spec"])]
+    for group in cluster.get("workerGroupSpecs", []):
+        found.append(
+            Workload(
+                f"{name}/{group['groupName']}", "RayService", group["template"]["spec"], replicas=group["replicas"]
+            )
+        )
+    return found
+
+
+# The EKS add-ons every node group runs, with their published requests and scheduling.
+def eks_addon_workloads() -> list[Workload]:
+    linux_amd64 = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+                            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]},
+                            {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate"]},
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    everywhere = [{"operator": "Exists"}]
+
+    def container(cpu: str | None = None, memory: str | None = None) -> dict[str, Any]:
+        requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
+        return {"name": "c", "resources": {"requests": requests}}
+
+    return [
+        # aws/amazon-vpc-cni-k8s charts/aws-vpc-cni values.yaml: aws-node requests cpu 25m, and its
+        # network policy agent container (nodeAgent.resources) 25m; tolerates every taint.
+        Workload(
+            "DaemonSet/aws-node",
+            "EKS add-on vpc-cni",
+            {"affinity": linux_amd64, "tolerations": everywhere, "containers": [container("25m"), container("25m")]},
+            daemonset=True,
+        ),
+        # EKS's kube-proxy DaemonSet: requests cpu 100m; tolerates every taint.
+        Workload(
+            "DaemonSet/kube-proxy",
+            "EKS add-on kube-proxy",
+            {"affinity": linux_amd64, "tolerations": everywhere, "containers": [container("100m")]},
+            daemonset=True,
+        ),
+        # aws/eks-charts stable/eks-pod-identity-agent values.yaml: resources {}, tolerations [{operator: Exists}].
+        Workload(
+            "DaemonSet/eks-pod-identity-agent",
+            "EKS add-on eks-pod-identity-agent",
+            {"affinity": linux_amd64, "tolerations": everywhere, "containers": [container()]},
+            daemonset=True,
+        ),
+        # CoreDNS as EKS deploys it: 2 replicas, requests cpu 100m and memory 70Mi, tolerating only
+        # CriticalAddonsOnly and the control-plane taint (so never a GPU node).
+        Workload(
+            "Deployment/coredns",
+            "EKS default add-on coredns",
+            {
+                "affinity": linux_amd64,
+                "tolerations": [
+                    {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                    {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
+                ],
+                "containers": [container("100m", "70Mi")],
+            },
+            replicas=2,
+        ),
+    ]
+
+
+# --- Predicates -----------------------------------------------------------------------
+def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt"):
+        if key not in labels:
+            return False
+        have, want = int(labels[key]), int(values[0])
+        return have > want if op == "Gt" else have < want
+    raise ValueError(f"unknown node selector operator {op!r}")
+
+
+def required_affinity_matches(spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if not required:
+        return True
+    for term in required.get("nodeSelectorTerms", []):
+        if term.get("matchFields"):
+            raise ValueError("matchFields is not modelled")
+        if all(_expression_matches(e, labels) for e in term.get("matchExpressions", [])):
+            return True
+    return False
+
+
+def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, str]) -> bool:
+    for tol in tolerations:
+        if tol.get("effect") and tol["effect"] != taint["effect"]:
+            continue
+        if not tol.get("key"):
+            if tol.get("operator") == "Exists":
+                return True
+            continue
+        if tol["key"] != taint["key"]:
+            continue
+        if tol.get("operator", "Equal") == "Exists" or tol.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def why_not(spec: Mapping[str, Any], node: Node) -> str | None:
+    """The first predicate the pod fails on this node, or None if it can land there."""
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if node.labels.get(key) != value:
+            return f"nodeSelector {key}={value} (node has {node.labels.get(key)!r})"
+    if not required_affinity_matches(spec, node.labels):
+        return "required node affinity matches no label set of the node"
+    for taint in node.taints:
+        if taint["effect"] in ("NoSchedule", "NoExecute") and not tolerates(spec.get("tolerations") or [], taint):
+            return f"taint {taint['key']}={taint['value']}:{taint['effect']} not tolerated"
+    for resource, amount in pod_requests(spec).items():
+        if amount > node.free(resource) + 1e-9:
+            return f"requests {resource} {amount:g}, node has {node.free(resource):g} left"
+    return None
+
+
+def selects_node(spec: Mapping[str, Any], node: Node) -> bool:
+    """Scheduling predicates other than resources: is this node one the pod may use at all?"""
+    reason = why_not({**spec, "containers": [], "initContainers": []}, node)
+    return reason is None or reason.startswith("requests pods")
+
+
+# --- Placement ----------------------------------------------------------------------------
+@dataclass
+class Placement:
+    nodes: list[Node]
+    # workload name -> node names, one per placed pod
+    placed: dict[str, list[str]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def groups_of(self, workload: str) -> set[str]:
+        by_name = {n.name: n.group for n in self.nodes}
+        return {by_name[n] for n in self.placed.get(workload, [])}
+
+
+DEVICE_PLUGIN_RESOURCES = {
+    NVIDIA_DEVICE_PLUGIN.release: lambda spec: {GPU_RESOURCE: float(spec.gpus)},
+    EFA_DEVICE_PLUGIN.release: lambda spec: {EFA_RESOURCE: float(spec.efa_interfaces)},
+}
+
+
+def _bind(node: Node, name: str, spec: Mapping[str, Any]) -> None:
+    for resource, amount in pod_requests(spec).items():
+        node.used[resource] = node.used.get(resource, 0.0) + amount
+    node.pods.append(name)
+
+
+def place(nodes: list[Node], workloads: Iterable[Workload], device_plugins: Mapping[str, str]) -> Placement:
+    """Place every workload. device_plugins maps a DaemonSet workload name to the release whose
+    extended resource appears on a node only once that DaemonSet runs there."""
+    nodes = copy.deepcopy(nodes)
+    result = Placement(nodes)
+    ordered = sorted(workloads, key=lambda w: not w.daemonset)
+    for workload in ordered:
+        result.placed[workload.name] = []
+        if workload.daemonset:
+            for node in nodes:
+                if not selects_node(workload.spec, node):
+                    continue
+                reason = why_not(workload.spec, node)
+                if reason:
+                    result.failures.append(f"{workload.name} ({workload.source}) on node group {node.group}: {reason}")
+                    continue
+                _bind(node, workload.name, workload.spec)
+                result.placed[workload.name].append(node.name)
+                release = device_plugins.get(workload.name)
+                if release:
+                    instance = INSTANCE_TYPES[node.labels["node.kubernetes.io/instance-type"]]
+                    for resource, amount in DEVICE_PLUGIN_RESOURCES[release](instance).items():
+                        node.allocatable[resource] = amount
+            continue
+        for replica in range(workload.replicas):
+            candidates = [n for n in nodes if why_not(workload.spec, n) is None]
+            if not candidates:
+                reasons = "; ".join(f"node group {n.group}: {why_not(workload.spec, n)}" for n in nodes)
+                result.failures.append(f"{workload.name} replica {replica} ({workload.source}) fits no node: {reasons}")
+                continue
+            node = max(candidates, key=lambda n: (n.free("cpu"), n.name))
+            _bind(node, workload.name, workload.spec)
+            result.placed[workload.name].append(node.name)
+    return result
+
+
+def headroom(placement: Placement) -> dict[str, tuple[float, float]]:
+    """Per node group, the smallest CPU (cores) and memory (GiB) left on any of its nodes."""
+    rows: dict[str, tuple[float, float]] = {}
+    for node in placement.nodes:
+        cpu, mem = node.free("cpu") / 1000, node.free("memory") / GIB
+        old = rows.get(node.group)
+        rows[node.group] = (cpu, mem) if old is None else (min(old[0], cpu), min(old[1], mem))
+    return rows
+
+
+def describe(placement: Placement) -> str:
+    return json.dumps(
+        {
+            n.name: {"pods": n.pods, "cpu_left": n.free("cpu"), "mem_left_gib": n.free("memory") / GIB}
+            for n in placement.nodes
+        },
+        indent=1,
+    )

@@ -1,0 +1,170 @@
+"""The cluster comes up: every pod lands where it must and fits, on every Kubernetes version the settings accept."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from serve_config import DECODE, PREFILL
+from settings.catalog import (
+    AWS_LOAD_BALANCER_CONTROLLER,
+    EFA_DEVICE_PLUGIN,
+    EXTERNAL_SECRETS,
+    KUBERAY_OPERATOR,
+    KUBERNETES_VERSIONS,
+    NVIDIA_DEVICE_PLUGIN,
+)
+from tests import placement
+from tests.cluster import DEVICE_PLUGIN_DAEMONSETS, placed, workloads
+from tests.conftest import synth
+
+# Tests that synthesize and render per version run in one xdist group: one process caches them.
+pytestmark = pytest.mark.xdist_group("placement")
+
+TOKEN = {"hf_token_secret_name": "prod/hf-token"}
+NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
+VARIANTS = {"defaults": {}, "token": TOKEN, "nlb": NLB, "everything": {**TOKEN, **NLB}}
+SERVICE = "pd-llm"
+
+
+def _cases() -> list[Any]:
+    cases = [
+        pytest.param({"kubernetes_version": v, **VARIANTS["everything"]}, id=f"{v}-everything")
+        for v in KUBERNETES_VERSIONS
+    ]
+    cases += [pytest.param({"kubernetes_version": v}, id=f"{v}-defaults") for v in KUBERNETES_VERSIONS]
+    cases += [pytest.param(VARIANTS[name], id=f"1.36-{name}") for name in ("token", "nlb")]
+    return cases
+
+
+def _group(result: placement.Placement, role: str) -> str:
+    groups = {n.group for n in result.nodes if n.labels.get("role") == role}
+    assert len(groups) == 1
+    return groups.pop()
+
+
+@pytest.mark.parametrize("overrides", _cases())
+def test_every_pod_lands_where_it_must_and_fits(overrides: dict[str, Any]) -> None:
+    result = placed(**overrides)
+    assert result.failures == []
+    system, gpu = _group(result, "system"), _group(result, "gpu-worker")
+    gpu_nodes = {n.name for n in result.nodes if n.group == gpu}
+
+    for daemonset in DEVICE_PLUGIN_DAEMONSETS:
+        assert set(result.placed[daemonset]) == gpu_nodes, f"{daemonset} must run on every GPU node and nowhere else"
+
+    on_system = [f"Deployment/{KUBERAY_OPERATOR.release}", f"{SERVICE}/head", "Deployment/coredns"]
+    if "hf_token_secret_name" in overrides:
+        on_system += [f"Deployment/{EXTERNAL_SECRETS.release}", f"Deployment/{EXTERNAL_SECRETS.release}-webhook"]
+    if "internal_endpoint_cidrs" in overrides:
+        on_system.append(f"Deployment/{AWS_LOAD_BALANCER_CONTROLLER.release}")
+    for name in on_system:
+        assert result.placed[name] and result.groups_of(name) == {system}, name
+
+    workers = result.placed[f"{SERVICE}/{PREFILL}"] + result.placed[f"{SERVICE}/{DECODE}"]
+    assert sorted(workers) == sorted(gpu_nodes), "exactly one Ray worker per GPU node"
+    assert set(result.placed[f"{SERVICE}/{PREFILL}"]).isdisjoint(result.placed[f"{SERVICE}/{DECODE}"])
+
+
+def test_nvidia_device_plugin_needs_the_gpu_present_label_before_135() -> None:
+    """The label the stack sets is what makes the plugin schedule before nodeadm sets it (1.35+)."""
+    template = synth(kubernetes_version="1.34")
+    nodes = placement.nodes_from_template(template, "1.34")
+    for node in nodes:
+        node.labels.pop("nvidia.com/gpu.present", None)
+    result = placement.place(nodes, workloads(template, "1.34"), DEVICE_PLUGIN_DAEMONSETS)
+    assert result.placed[f"DaemonSet/{NVIDIA_DEVICE_PLUGIN.release}"] == []
+    assert any(f"{SERVICE}/{PREFILL}" in f and "nvidia.com/gpu" in f for f in result.failures), result.failures
+
+
+def _mutated(mutate: Any) -> placement.Placement:
+    template = synth()
+    found = []
+    for workload in workloads(template, "1.36"):
+        spec = copy.deepcopy(workload.spec)
+        mutate(workload.name, spec)
+        found.append(placement.Workload(workload.name, workload.source, spec, workload.daemonset, workload.replicas))
+    return placement.place(placement.nodes_from_template(template, "1.36"), found, DEVICE_PLUGIN_DAEMONSETS)
+
+
+def test_a_missing_toleration_fails_naming_the_pod_and_the_node_group() -> None:
+    def drop(name: str, spec: dict[str, Any]) -> None:
+        if name == f"{SERVICE}/{DECODE}":
+            spec["tolerations"] = []
+
+    failures = _mutated(drop).failures
+    assert any(f"{SERVICE}/{DECODE}" in f and "GpuNodes" in f and "not tolerated" in f for f in failures), failures
+
+
+def test_a_wrong_node_selector_fails_naming_the_pod_and_the_node_group() -> None:
+    def wrong(name: str, spec: dict[str, Any]) -> None:
+        if name == f"Deployment/{KUBERAY_OPERATOR.release}":
+            spec["nodeSelector"] = {"role": "sytem"}
+
+    failures = _mutated(wrong).failures
+    assert any("kuberay-operator" in f and "SystemNodes" in f and "nodeSelector role=sytem" in f for f in failures)
+
+
+def test_a_request_too_large_fails_naming_the_pod_and_the_node_group() -> None:
+    def greedy(name: str, spec: dict[str, Any]) -> None:
+        if name == f"{SERVICE}/head":
+            spec["containers"][0]["resources"]["requests"]["memory"] = "15Gi"
+
+    failures = _mutated(greedy).failures
+    assert any(f"{SERVICE}/head" in f and "SystemNodes" in f and "requests memory" in f for f in failures), failures
+
+
+def test_device_plugin_on_a_system_node_is_caught() -> None:
+    def everywhere(name: str, spec: dict[str, Any]) -> None:
+        if name == f"DaemonSet/{EFA_DEVICE_PLUGIN.release}":
+            spec.pop("nodeSelector", None)
+            spec["affinity"] = {}
+            spec["tolerations"] = [{"operator": "Exists"}]
+
+    result = _mutated(everywhere)
+    system = _group(result, "system")
+    assert system in result.groups_of(f"DaemonSet/{EFA_DEVICE_PLUGIN.release}")
+
+
+def test_allocatable_follows_nodeadm() -> None:
+    # Hand calculation (FACTS, "Node allocatable"): 32 vCPUs reserve 60+10+5+5+28*2.5 = 150m;
+    # 234 pods reserve 11*234+255 = 2829 MiB.
+    assert placement.kube_reserved_cpu_millis(32) == 150
+    assert placement.kube_reserved_cpu_millis(4) == 80
+    assert placement.kube_reserved_memory(234) == 2829 * 2**20
+    assert placement.kube_reserved_memory(58) == 893 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("expression", "labels", "matches"),
+    [
+        ({"key": "a", "operator": "In", "values": ["x"]}, {"a": "x"}, True),
+        ({"key": "a", "operator": "In", "values": ["x"]}, {}, False),
+        ({"key": "a", "operator": "NotIn", "values": ["x"]}, {}, True),
+        ({"key": "a", "operator": "NotIn", "values": ["x"]}, {"a": "x"}, False),
+        ({"key": "a", "operator": "Exists"}, {"a": ""}, True),
+        ({"key": "a", "operator": "DoesNotExist"}, {"a": ""}, False),
+        ({"key": "a", "operator": "Gt", "values": ["3"]}, {"a": "4"}, True),
+        ({"key": "a", "operator": "Lt", "values": ["3"]}, {"a": "4"}, False),
+    ],
+)
+def test_every_affinity_operator(expression: dict[str, Any], labels: dict[str, str], matches: bool) -> None:
+    spec = {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [expression]}]
+                }
+            }
+        }
+    }
+    assert placement.required_affinity_matches(spec, labels) is matches
+
+
+def test_headroom_on_defaults_is_reported() -> None:
+    rows = placement.headroom(placed())
+    for cpu, memory in rows.values():
+        assert cpu >= 0 and memory >= 0
+    print(rows)
