@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import aws_cdk as cdk
@@ -23,12 +22,10 @@ def build_app(context: dict[str, object] | None = None) -> tuple[cdk.App, PdInfe
 
     Raises SettingsError before any construct exists if a setting is bad.
     """
-    # CDK's built-in template validator is a WebAssembly subset of cfn-lint's
-    # rules and costs ~1.4 s of every synth (half of it). cfn-lint itself runs on
-    # the synthesized templates in the tests; CDK_VALIDATION=true turns the
-    # built-in one back on.
-    builtin_validation = os.environ.get("CDK_VALIDATION", "").lower() == "true"
-    app = cdk.App(context=context, builtin_cloud_formation_validation=builtin_validation)
+    # CDK's built-in template validator runs on every synth, as CDK ships it, so
+    # each user's own settings are checked too. CDK itself reads
+    # CDK_VALIDATION=false to turn it off (the test suite does, where cfn-lint runs).
+    app = cdk.App(context=context)
     settings = settings_from(app.node.get_all_context())
     env = None
     if settings.effective_region or settings.account:
@@ -49,6 +46,17 @@ def build_app(context: dict[str, object] | None = None) -> tuple[cdk.App, PdInfe
     return app, stack, settings
 
 
+def warnings(settings: Settings) -> list[str]:
+    """One line each, printed at synth: deployable, but worth a second look."""
+    found = []
+    if settings.endpoint_access != "private" and not settings.public_access_cidrs:
+        found.append(
+            "warning: the EKS API endpoint is public to 0.0.0.0/0 (authenticated); "
+            "set public_access_cidrs to your office or VPN ranges, or endpoint_access=private"
+        )
+    return found
+
+
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
@@ -64,6 +72,8 @@ def main() -> int:
         print(f"error: the stack could not be built: {_first_line(err)}", file=sys.stderr)
         return 1
     # On stderr: `cdk synth` prints the template on stdout.
+    for line in warnings(settings):
+        print(line, file=sys.stderr)
     print(f"Estimated cost: {cost_summary(settings)}", file=sys.stderr)
     print(f"KV-transfer budget:\n{plan_table(settings)}", file=sys.stderr)
     try:

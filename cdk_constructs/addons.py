@@ -20,6 +20,7 @@ from settings.catalog import (
 )
 
 CRD_UPGRADER = "kuberay-crd-upgrader"
+SCRATCH_HOME = "/tmp"  # noqa: S108 - an emptyDir of the Job's own pod
 
 
 def kuberay_operator_values(system_node_labels: Mapping[str, str]) -> dict[str, Any]:
@@ -76,6 +77,10 @@ def kuberay_crd_upgrade(system_node_labels: Mapping[str, str]) -> list[dict[str,
                                 # The image's entrypoint is not documented; name the binary.
                                 "command": ["kubectl"],
                                 "args": apply_args,
+                                # kubectl writes its discovery cache under $HOME; the
+                                # root filesystem is read-only, so HOME is a scratch dir.
+                                "env": [{"name": "HOME", "value": SCRATCH_HOME}],
+                                "volumeMounts": [{"name": "home", "mountPath": SCRATCH_HOME}],
                                 "securityContext": {
                                     "runAsNonRoot": True,
                                     "runAsUser": 65532,
@@ -85,6 +90,7 @@ def kuberay_crd_upgrade(system_node_labels: Mapping[str, str]) -> list[dict[str,
                                 },
                             }
                         ],
+                        "volumes": [{"name": "home", "emptyDir": {}}],
                     }
                 },
             },

@@ -66,12 +66,17 @@ class EksCluster(Construct):
             needs kubectl from inside the VPC (a bastion, VPN or CloudShell VPC environment).
         admin_principal_arns: IAM roles or users given AmazonEKSClusterAdminPolicy
             through access entries; default none (the deploying role is admin).
+        public_access_cidrs: who may reach the public endpoint (still authenticated);
+            default none, which EKS takes as 0.0.0.0/0. Ignored for a private endpoint.
+        logs_key: the KMS key that encrypts the control-plane and kubectl-provider
+            log groups; default None (CloudWatch Logs' own encryption).
 
     Attributes:
         cluster: the aws_eks_v2 Cluster.
         secrets_key: the KMS key that encrypts Kubernetes secrets.
         pod_identity_agent, vpc_cni: the EKS add-ons; node_prerequisites holds both,
             for node groups to depend on.
+        kubectl_security_group: the kubectl provider's own security group.
     """
 
     def __init__(
@@ -84,6 +89,8 @@ class EksCluster(Construct):
         kubernetes_version: str = DEFAULT_KUBERNETES_VERSION,
         endpoint_access: str = "public_and_private",
         admin_principal_arns: Sequence[str] = (),
+        public_access_cidrs: Sequence[str] = (),
+        logs_key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.secrets_key = kms.Key(
@@ -102,7 +109,22 @@ class EksCluster(Construct):
             log_group_name=f"/aws/eks/{cluster_name}/cluster",
             retention=logs.RetentionDays.ONE_MONTH,
             removal_policy=RemovalPolicy.DESTROY,
+            encryption_key=logs_key,
         )
+        # The kubectl provider's Lambdas would otherwise sit on the security group
+        # EKS creates; their ENIs can outlive the functions and block that group's
+        # and the subnets' deletion on `cdk destroy` (aws/aws-cdk#18650). On a
+        # group the stack owns, CloudFormation waits for the ENIs and deletes it.
+        self.kubectl_security_group = ec2.SecurityGroup(
+            self,
+            "KubectlProviderSecurityGroup",
+            vpc=vpc,
+            description="kubectl provider Lambdas: HTTPS to the EKS API and the Helm repositories",
+            allow_all_outbound=True,
+        )
+        endpoint = ENDPOINT_ACCESS[endpoint_access]
+        if public_access_cidrs and endpoint_access != "private":
+            endpoint = endpoint.only_from(*public_access_cidrs)
         private_subnets = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         self.cluster = eks.Cluster(
             self,
@@ -114,7 +136,7 @@ class EksCluster(Construct):
             # Node groups are added explicitly; Auto Mode would bring its own.
             default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
             default_capacity=0,
-            endpoint_access=ENDPOINT_ACCESS[endpoint_access],
+            endpoint_access=endpoint,
             cluster_logging=list(ALL_CONTROL_PLANE_LOGS),
             secrets_encryption_key=self.secrets_key,
             kubectl_provider_options=eks.KubectlProviderOptions(
@@ -122,7 +144,12 @@ class EksCluster(Construct):
                 # In the VPC, so a private-only endpoint still works; NAT gives
                 # it the egress Helm needs to pull charts.
                 private_subnets=private_subnets.subnets,
+                security_groups=[self.kubectl_security_group],
             ),
+        )
+        # The provider reaches the API server's private endpoint.
+        self.cluster.connections.allow_from(
+            self.kubectl_security_group, ec2.Port.tcp(443), "kubectl provider to the EKS API"
         )
         # Pod Identity: the agent on every node, and the VPC CNI's EC2
         # permissions on its own service account instead of the node role.
@@ -155,6 +182,8 @@ class EksCluster(Construct):
             if isinstance(child, logs.CfnLogGroup):
                 child.apply_removal_policy(RemovalPolicy.DESTROY)
                 child.retention_in_days = 30
+                if logs_key is not None:
+                    child.kms_key_id = logs_key.key_arn
 
         admin = eks.AccessPolicy.from_access_policy_name(
             "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER

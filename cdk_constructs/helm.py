@@ -15,9 +15,20 @@ from settings.catalog import HelmChartPin
 
 
 def helm_release(
-    scope: Construct, construct_id: str, *, cluster: eks.Cluster, pin: HelmChartPin, values: Mapping[str, Any]
+    scope: Construct,
+    construct_id: str,
+    *,
+    cluster: eks.Cluster,
+    pin: HelmChartPin,
+    values: Mapping[str, Any],
+    wait: bool = False,
 ) -> eks.HelmChart:
-    """The pinned chart under its fixed release name; its namespace is created unless it is kube-system."""
+    """The pinned chart under its fixed release name; its namespace is created unless it is kube-system.
+
+    wait: return only once the release's pods are ready (helm --wait). Needed by
+    charts that install fail-closed admission webhooks: until their pods serve,
+    every object the webhook matches is refused. Default False (aws-cdk's default).
+    """
     return eks.HelmChart(
         scope,
         construct_id,
@@ -29,6 +40,7 @@ def helm_release(
         namespace=pin.namespace,
         create_namespace=pin.namespace != "kube-system",
         values=dict(values),
+        wait=wait,
         timeout=Duration.minutes(10),
     )
 

@@ -66,7 +66,9 @@ class ModelTokenSync(Construct):
             )
         )
         values = {"global": {"nodeSelector": dict(system_node_labels)}, "serviceAccount": {"name": service_account}}
-        self.release = helm_release(self, "Operator", cluster=cluster, pin=pin, values=values)
+        # The chart's validating webhook fails closed: the SecretStore below is
+        # refused ("no endpoints available") until the webhook pod is ready.
+        self.release = helm_release(self, "Operator", cluster=cluster, pin=pin, values=values, wait=True)
         self.secret_store = eks.KubernetesManifest(
             self,
             "SecretStore",

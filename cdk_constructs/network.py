@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
@@ -23,6 +24,8 @@ class Network(Construct):
             region's first ``max_azs``. Needs a stack with a region.
         gpu_availability_zone: the AZ of the GPU subnet; default None, the
             first private subnet's AZ.
+        logs_key: the KMS key that encrypts the new VPC's flow logs; default None
+            (CloudWatch Logs' own encryption).
 
     Attributes:
         vpc: the VPC.
@@ -39,6 +42,7 @@ class Network(Construct):
         max_azs: int = 2,
         availability_zones: Sequence[str] | None = None,
         gpu_availability_zone: str | None = None,
+        logs_key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.vpc: ec2.IVpc
@@ -71,6 +75,7 @@ class Network(Construct):
                 "FlowLogs",
                 retention=logs.RetentionDays.ONE_MONTH,
                 removal_policy=RemovalPolicy.DESTROY,
+                encryption_key=logs_key,
             )
             vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(log_group))
             self.vpc = vpc

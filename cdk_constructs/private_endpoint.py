@@ -92,8 +92,14 @@ class PrivateEndpoint(Construct):
             "vpcId": vpc.vpc_id,
             "serviceAccount": {"name": pin.release},
             "nodeSelector": dict(system_node_labels),
+            # The Service mutator fails closed for every Service CREATE in the
+            # cluster while the controller is not ready; it only defaults
+            # loadBalancerClass, which our Service sets itself.
+            "enableServiceMutatorWebhook": False,
         }
-        self.release = helm_release(self, "Controller", cluster=cluster, pin=pin, values=values)
+        # Its remaining webhooks (TargetGroupBinding, Ingress) fail closed too:
+        # the release returns only once the controller serves them.
+        self.release = helm_release(self, "Controller", cluster=cluster, pin=pin, values=values, wait=True)
         self.service = eks.KubernetesManifest(
             self,
             "Service",

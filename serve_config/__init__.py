@@ -165,8 +165,11 @@ def rayservice(
         group = copy.deepcopy(template)
         count = replicas(settings, side)
         group.update({"groupName": side, "replicas": count, "minReplicas": count, "maxReplicas": count})
-        # The custom resource each side's placement bundles ask for.
-        group["rayStartParams"]["resources"] = json.dumps(json.dumps({side: 1}))
+        # The custom resource each side's placement bundles ask for, in the form
+        # KubeRay writes itself: single-quoted JSON. KubeRay parses it by trimming
+        # quotes and a strict JSON parse, and pastes it into `ray start
+        # --resources=...` under bash, where the single quotes keep it one word.
+        group["rayStartParams"]["resources"] = f"'{json.dumps({side: 1})}'"
         group["template"]["metadata"] = {"labels": pod_labels(settings)}
         pod = group["template"]["spec"]
         pod["nodeSelector"] = dict(gpu_node_labels)

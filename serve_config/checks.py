@@ -21,14 +21,22 @@ def _kv(config: dict[str, Any]) -> dict[str, Any]:
     return kv
 
 
+def kuberay_resources(raw: str) -> dict[str, float]:
+    """rayStartParams.resources parsed the way KubeRay 1.7.0 parses it (common/pod.go, getResourcesMap):
+    strip surrounding quotes, backticks and spaces, then a strict JSON object. Raises ValueError."""
+    parsed = json.loads(raw.strip("'\"` "))
+    if not isinstance(parsed, dict) or not all(isinstance(v, (int, float)) for v in parsed.values()):
+        raise ValueError(f"not a JSON object of numbers: {raw!r}")
+    return {str(k): float(v) for k, v in parsed.items()}
+
+
 def _advertised(group: dict[str, Any]) -> dict[str, float]:
     """Custom resources a worker group advertises through rayStartParams.resources."""
     raw = group.get("rayStartParams", {}).get("resources")
-    if not raw:
-        return {}
-    text = json.loads(raw) if raw.startswith('"') else raw
-    resources: dict[str, float] = json.loads(text)
-    return resources
+    try:
+        return kuberay_resources(raw) if raw else {}
+    except ValueError:
+        return {}  # reported on its own by problems()
 
 
 def problems(rayservice: dict[str, Any]) -> list[str]:
@@ -59,10 +67,14 @@ def problems(rayservice: dict[str, Any]) -> list[str]:
         engine_ids = [_kv(c).get("engine_id") for c in sides.values()]
         if len(set(engine_ids)) != len(engine_ids):
             found.append(f"engine ids {engine_ids} must be distinct")
-        block_sizes = [c.get("engine_kwargs", {}).get("block_size") for c in sides.values()]
-        if len(set(block_sizes)) != 1 or block_sizes[0] is None:
-            found.append(f"block_size {block_sizes} must be set and equal on both sides")
     for group in groups:
+        raw = group.get("rayStartParams", {}).get("resources")
+        try:
+            kuberay_resources(raw or "{}")
+        except ValueError:
+            found.append(
+                f"worker group {group.get('groupName')}: rayStartParams.resources {raw!r} fails KubeRay's parse"
+            )
         low, count, high = group.get("minReplicas", 0), group.get("replicas"), group.get("maxReplicas")
         if count is None or high is None or not low <= count <= high:
             found.append(f"worker group {group.get('groupName')}: replicas {count} not within [{low}, {high}]")

@@ -7,6 +7,7 @@ here, so the rest of the code only sees typed values.
 
 from __future__ import annotations
 
+import difflib
 import json
 import types
 import typing
@@ -91,6 +92,13 @@ def _coerce(key: str, raw: Any) -> Any:
     return str(raw).strip()
 
 
+def _nearest(key: str) -> str:
+    close = difflib.get_close_matches(key, SETTING_NAMES, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean '{close[0]}'? (README \"Settings\" lists them all)"
+    return f"settings are {sorted(SETTING_NAMES)}"
+
+
 def read_settings_file(path: str | Path) -> dict[str, Any]:
     """A YAML or JSON mapping of setting names to values."""
     file = Path(path)
@@ -106,7 +114,7 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
         raise SettingsError(SETTINGS_FILE_KEY, str(path), "a mapping of setting names to values")
     for key in data:
         if key not in SETTING_NAMES:
-            raise SettingsError(str(key), data[key], f"not a setting (in {path}); settings are {sorted(SETTING_NAMES)}")
+            raise SettingsError(str(key), data[key], f"not a setting (in {path}); {_nearest(str(key))}")
     return dict(data)
 
 
@@ -120,7 +128,7 @@ def settings_from(context: Mapping[str, Any]) -> Settings:
         if not _is_ours(key):
             continue
         if key not in SETTING_NAMES:
-            raise SettingsError(key, value, f"not a setting; settings are {sorted(SETTING_NAMES)}")
+            raise SettingsError(key, value, f"not a setting; {_nearest(key)}")
         merged[key] = value
     typed = {f.name: _coerce(f.name, merged[f.name]) for f in fields(Settings) if f.name in merged}
     return validate(Settings(**typed))

@@ -43,6 +43,8 @@ class Settings:
     cluster_name: str = "pd-inference"
     kubernetes_version: str = catalog.DEFAULT_KUBERNETES_VERSION
     endpoint_access: str = "public_and_private"
+    # Who may reach the public API endpoint (authenticated); empty: the world (a warning at synth).
+    public_access_cidrs: tuple[str, ...] = ()
     cluster_admin_arns: tuple[str, ...] = ()
 
     # System nodes: KubeRay operator and the Ray head.
@@ -50,7 +52,9 @@ class Settings:
     system_nodes_min: int = 1
     system_nodes_desired: int = 2
     system_nodes_max: int = 3
-    system_volume_gib: int = 50
+    # The ~20 GB CUDA serving image (the Ray head runs it) plus a second copy
+    # while an upgrade pulls the next one, plus the operators' images and logs.
+    system_volume_gib: int = 100
 
     # GPU nodes: one per prefill or decode replica.
     gpu_instance_type: str = catalog.DEFAULT_GPU_INSTANCE_TYPE
@@ -109,9 +113,16 @@ _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
 _IAM_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
-_MODEL_SOURCE = re.compile(r"^(s3://[a-z0-9.\-]+/.+|gs://.+|[\w.\-]+/[\w.\-]+)$")
+_HF_REPO = re.compile(r"^[\w.\-]+/[\w.\-]+$")
 _SECRET_NAME = re.compile(r"^[\w/+=.@-]{1,512}$")
 _IMAGE = re.compile(r"^[\w.\-]+(:\d+)?(/[\w.\-]+)+(:[\w.\-]+|@sha256:[0-9a-f]{64})$")
+
+
+def _ipv4_network(text: str) -> ipaddress.IPv4Network | None:
+    try:
+        return ipaddress.IPv4Network(text)
+    except ValueError:
+        return None
 
 
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -149,10 +160,7 @@ def validate(s: Settings) -> Settings:
         s.vpc_id,
         "looking up an existing VPC needs 'account' and 'region' set too",
     )
-    try:
-        network = ipaddress.IPv4Network(s.vpc_cidr)
-    except ValueError:
-        network = None
+    network = _ipv4_network(s.vpc_cidr)
     _require(
         network is not None and 16 <= network.prefixlen <= 20,
         "vpc_cidr",
@@ -182,6 +190,19 @@ def validate(s: Settings) -> Settings:
         s.endpoint_access,
         f"one of {list(ENDPOINT_ACCESS_MODES)}",
     )
+    for cidr in s.public_access_cidrs:
+        _require(
+            _ipv4_network(cidr) is not None,
+            "public_access_cidrs",
+            cidr,
+            "IPv4 networks, e.g. 203.0.113.0/24 (your office or VPN egress)",
+        )
+    _require(
+        not (s.public_access_cidrs and s.endpoint_access == "private"),
+        "public_access_cidrs",
+        list(s.public_access_cidrs),
+        "empty when endpoint_access is 'private' (there is no public endpoint to restrict)",
+    )
     for arn in s.cluster_admin_arns:
         _require(
             bool(_IAM_PRINCIPAL.match(arn)),
@@ -199,20 +220,33 @@ def validate(s: Settings) -> Settings:
         f"an instance type without a GPU (the system nodes use the standard AL2023 AMI): {cpu_types}",
     )
     _require(
-        0 <= s.system_nodes_min <= s.system_nodes_desired <= s.system_nodes_max and s.system_nodes_max >= 1,
+        s.system_nodes_min >= 1,
+        "system_nodes_min",
+        s.system_nodes_min,
+        "at least 1: the Ray head and the KubeRay operator must always have a node",
+    )
+    _require(
+        s.system_nodes_min <= s.system_nodes_desired <= s.system_nodes_max,
         "system_nodes_desired",
         (s.system_nodes_min, s.system_nodes_desired, s.system_nodes_max),
-        "system_nodes_min <= system_nodes_desired <= system_nodes_max, max at least 1",
+        "system_nodes_min <= system_nodes_desired <= system_nodes_max",
     )
-    _require(20 <= s.system_volume_gib <= 16384, "system_volume_gib", s.system_volume_gib, "20 to 16384")
+    _require(
+        100 <= s.system_volume_gib <= 16384,
+        "system_volume_gib",
+        s.system_volume_gib,
+        "100 to 16384 (the ~20 GB serving image twice during an upgrade, plus the operators)",
+    )
 
     gpu = catalog.INSTANCE_TYPES.get(s.gpu_instance_type)
-    gpu_types = sorted(k for k, v in catalog.INSTANCE_TYPES.items() if v.gpus and v.efa_interfaces)
+    # One GPU per node until tensor parallelism exists: on a 4- or 8-GPU type each
+    # worker would use one GPU and one EFA card and leave the rest idle at full price.
+    gpu_types = sorted(k for k, v in catalog.INSTANCE_TYPES.items() if v.gpus == 1 and v.efa_interfaces)
     _require(
-        gpu is not None and gpu.gpus > 0 and gpu.efa_interfaces > 0,
+        gpu is not None and gpu.gpus == 1 and gpu.efa_interfaces > 0,
         "gpu_instance_type",
         s.gpu_instance_type,
-        f"an instance type with a GPU and EFA: {gpu_types}",
+        f"an instance type with a GPU and EFA, and one GPU per node (no tensor parallelism yet): {gpu_types}",
     )
     if s.gpu_availability_zone is not None:
         region = s.effective_region or ""
@@ -247,13 +281,21 @@ def validate(s: Settings) -> Settings:
         f"one of {sorted(catalog.MODELS)} (add others to settings/catalog.py)",
     )
     if s.model_source is not None:
+        # gs:// needs Google credentials no pod has; s3:// needs a pod identity
+        # the stack does not create yet: either would deploy and never load.
         _require(
-            bool(_MODEL_SOURCE.match(s.model_source)),
+            bool(_HF_REPO.match(s.model_source)),
             "model_source",
             s.model_source,
-            "a Hugging Face repo id or an s3:// URI",
+            "a Hugging Face repo id (owner/name); s3:// and gs:// sources are not readable by the pods yet",
         )
-    _require(256 <= s.max_model_len <= 131072, "max_model_len", s.max_model_len, "256 to 131072 tokens")
+    model_limit = s.model.max_context_tokens
+    _require(
+        256 <= s.max_model_len <= model_limit,
+        "max_model_len",
+        s.max_model_len,
+        f"256 to {model_limit} tokens, the context length of {s.model_id} (vLLM refuses a longer one at startup)",
+    )
     _require(0.5 <= s.gpu_memory_utilization <= 0.95, "gpu_memory_utilization", s.gpu_memory_utilization, "0.5 to 0.95")
     _require(1 <= s.prefill_replicas <= 16, "prefill_replicas", s.prefill_replicas, "1 to 16")
     _require(1 <= s.decode_replicas <= 16, "decode_replicas", s.decode_replicas, "1 to 16")
@@ -295,10 +337,7 @@ def validate(s: Settings) -> Settings:
             "the name of a Secrets Manager secret, not the token itself",
         )
     for cidr in s.internal_endpoint_cidrs:
-        try:
-            net = ipaddress.IPv4Network(cidr)
-        except ValueError:
-            net = None
+        net = _ipv4_network(cidr)
         _require(
             net is not None and net.prefixlen > 0,
             "internal_endpoint_cidrs",

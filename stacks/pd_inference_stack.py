@@ -12,6 +12,7 @@ from cdk_constructs.addons import ClusterAddons
 from cdk_constructs.cluster import EksCluster
 from cdk_constructs.gpu_nodes import EfaGpuNodes, gpu_toleration
 from cdk_constructs.llm_service import LlmService
+from cdk_constructs.log_encryption import LogEncryptionKey
 from cdk_constructs.model_token import ModelTokenSync
 from cdk_constructs.network import Network
 from cdk_constructs.private_endpoint import PrivateEndpoint
@@ -35,6 +36,7 @@ class PdInferenceStack(Stack):
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        logs_key = LogEncryptionKey(self, "LogsKey").key
         network = Network(
             self,
             "Network",
@@ -43,6 +45,7 @@ class PdInferenceStack(Stack):
             max_azs=settings.max_azs,
             availability_zones=vpc_availability_zones(settings),
             gpu_availability_zone=settings.gpu_availability_zone,
+            logs_key=logs_key,
         )
         eks_cluster = EksCluster(
             self,
@@ -52,6 +55,8 @@ class PdInferenceStack(Stack):
             kubernetes_version=settings.kubernetes_version,
             endpoint_access=settings.endpoint_access,
             admin_principal_arns=settings.cluster_admin_arns,
+            public_access_cidrs=settings.public_access_cidrs,
+            logs_key=logs_key,
         )
         cluster = eks_cluster.cluster
         system_nodes = SystemNodes(
@@ -100,6 +105,7 @@ class PdInferenceStack(Stack):
                 gpu_toleration=gpu_toleration(),
             ),
         )
+        token_releases: list[Construct] = []
         if settings.hf_token_secret_name is not None:
             token = ModelTokenSync(
                 self,
@@ -112,6 +118,7 @@ class PdInferenceStack(Stack):
                 system_node_labels=system_nodes.labels,
             )
             token.release.node.add_dependency(*nodegroups)
+            token_releases.append(token.release)
             token.secret_store.node.add_dependency(service.namespace_manifest)
             service.rayservice_manifest.node.add_dependency(token.external_secret)
         if settings.internal_endpoint_cidrs:
@@ -129,6 +136,10 @@ class PdInferenceStack(Stack):
             )
             endpoint.release.node.add_dependency(*nodegroups)
             endpoint.service.node.add_dependency(service.namespace_manifest)
+            # The controller's webhooks are registered by its release: whatever
+            # creates Services (the charts, KubeRay for the RayService) comes after.
+            for later in (*addons.releases, service.rayservice_manifest, *token_releases):
+                later.node.add_dependency(endpoint.release)
             CfnOutput(
                 self,
                 "InternalEndpointCommand",

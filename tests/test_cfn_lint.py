@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from typing import Any
 
-import pytest
 from cfnlint.api import ManualArgs, lint
 
-from tests.conftest import CDK_JSON_CONTEXT, synth
+from tests.conftest import CDK_JSON_CONTEXT, ROOT, synth
 
 # W3005 (redundant DependsOn): CDK adds explicit DependsOn next to the implicit
 # Ref/GetAtt ones; harmless, and not ours to remove.
@@ -55,11 +58,38 @@ def test_cfn_lint_clean_with_every_optional_part() -> None:
     assert _lint(template) == []
 
 
-def test_cdk_builtin_validator_passes_when_turned_back_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """app.py leaves CDK's WebAssembly validator off (cfn-lint above replaces it); users may turn it on."""
-    from app import build_app
+BROKEN_SYNTH = """
+import json, sys
+import aws_cdk as cdk
+from app import build_app
+context = json.loads(sys.argv[1])
+app, stack, _ = build_app(context)
+if sys.argv[2] == "broken":
+    cdk.CfnResource(stack, "Broken", type="AWS::EC2::Subnet", properties={})  # no VpcId, no CIDR
+app.synth()
+"""
 
-    monkeypatch.setenv("CDK_VALIDATION", "true")
+
+def _synth_in_a_fresh_process(variant: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # A fresh process: CDK reads CDK_VALIDATION in its Node kernel, which the suite started with it off.
     context = {**CDK_JSON_CONTEXT, "internal_endpoint_cidrs": "10.0.0.0/8", "hf_token_secret_name": "prod/hf-token"}
-    app, _, _ = build_app(context)
-    app.synth()  # the validator's errors would fail synth here (as would cdk-nag's)
+    environ = {k: v for k, v in os.environ.items() if k != "CDK_VALIDATION"} | env
+    with tempfile.TemporaryDirectory() as out:
+        return subprocess.run(
+            [sys.executable, "-c", BROKEN_SYNTH, json.dumps(context), variant],
+            cwd=ROOT,
+            env={**environ, "CDK_OUTDIR": out},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+
+def test_cdk_builtin_validator_is_on_by_default_and_passes() -> None:
+    """app.py runs CDK's own template validator as CDK ships it (the suite turns it off where cfn-lint runs)."""
+    passing = _synth_in_a_fresh_process("as-is")
+    assert passing.returncode == 0, passing.stderr[-2000:]
+    # It is really on: a broken resource fails synth by default, and passes with CDK_VALIDATION=false.
+    broken = _synth_in_a_fresh_process("broken")
+    assert broken.returncode != 0 and "VpcId" in broken.stderr
+    assert _synth_in_a_fresh_process("broken", CDK_VALIDATION="false").returncode == 0

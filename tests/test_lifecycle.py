@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from settings.catalog import KUBECTL_IMAGE, KUBERAY_OPERATOR, kuberay_crd_urls
-from tests.conftest import helm_releases, manifest_resource, manifests, only, resources, synth
+from tests.conftest import helm_releases, manifest_resource, manifests, resources, synth
 from tests.template_graph import depends_on
 
 EVERYTHING = {
@@ -118,9 +119,16 @@ def test_log_groups_and_key_are_removed_on_destroy(template: dict[str, Any]) -> 
     ]
     cluster = next(iter(resources(template, "AWS::EKS::Cluster")))
     assert depends_on(template, cluster, control_plane)
-    key = only(template, "AWS::KMS::Key")
-    assert key["DeletionPolicy"] == "Delete"
-    assert key["Properties"]["PendingWindowInDays"] == 7
+    keys = resources(template, "AWS::KMS::Key")
+    assert len(keys) == 2  # Kubernetes secrets; the log groups
+    for key in keys.values():
+        assert key["DeletionPolicy"] == "Delete"
+        assert key["Properties"]["PendingWindowInDays"] == 7
+        assert key["Properties"]["EnableKeyRotation"] is True
+    # Every log group is encrypted with the stack's own logs key (checkov CKV_AWS_158).
+    key_ids = {json.dumps(g["Properties"].get("KmsKeyId")) for g in groups.values()}
+    (key_ref,) = key_ids
+    assert json.loads(key_ref)["Fn::GetAtt"][0] in keys
 
 
 def test_the_graph_check_can_fail(full: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 import serve_config
-from serve_config.checks import problems
+from serve_config.checks import kuberay_resources, problems
 from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION
 from tests.conftest import ROOT, require_serve_deps
@@ -75,7 +76,7 @@ def test_head_on_system_nodes_without_gpu(rayservice: dict[str, Any]) -> None:
 def test_worker_groups_request_gpu_and_efa_on_gpu_nodes(rayservice: dict[str, Any], side: str) -> None:
     (group,) = [g for g in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == side]
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
-    assert json.loads(json.loads(group["rayStartParams"]["resources"])) == {side: 1}
+    assert kuberay_resources(group["rayStartParams"]["resources"]) == {side: 1}
     pod = group["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "gpu-worker"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -166,7 +167,11 @@ BROKEN: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "ucx": (_mutate_args(lambda a: _kv(a, "decode")["kv_connector_extra_config"].update(backends=["UCX"])), "backends"),
     "no-backends": (_mutate_args(lambda a: _kv(a, "prefill").pop("kv_connector_extra_config")), "backends"),
     "same-engine-id": (_mutate_args(lambda a: _kv(a, "decode").update(engine_id="prefill")), "engine ids"),
-    "block-sizes": (_mutate_args(lambda a: a["decode_config"]["engine_kwargs"].update(block_size=32)), "block_size"),
+    # The doubly escaped form KubeRay's own parser cannot read (it then skips --num-gpus).
+    "double-escaped-resources": (
+        lambda d: _groups(d)[0]["rayStartParams"].update(resources=json.dumps(json.dumps({"prefill": 1}))),
+        "fails KubeRay's parse",
+    ),
     "unadvertised": (lambda d: _groups(d)[0]["rayStartParams"].pop("resources"), "advertised by no"),
     "advertised-twice": (
         lambda d: _groups(d)[1]["rayStartParams"].update(resources=_groups(d)[0]["rayStartParams"]["resources"]),
@@ -183,6 +188,27 @@ def test_our_checks_reject_broken_variants(rayservice: dict[str, Any], name: str
     mutate(broken)
     found = problems(broken)
     assert any(expected in p for p in found), found
+
+
+def test_worker_resources_survive_kuberays_parse_and_bash(rayservice: dict[str, Any]) -> None:
+    """KubeRay 1.7.0 trims quotes and JSON-parses rayStartParams.resources (getResourcesMap), then
+    pastes it as `--resources=<value>` into a bash command line; Ray json.loads the flag's value."""
+    for group in _groups(rayservice):
+        raw = group["rayStartParams"]["resources"]
+        trimmed = raw.strip("'\"` ")
+        assert json.loads(trimmed) == {group["groupName"]: 1}  # Go's json.Unmarshal is as strict
+        (flag,) = shlex.split(f"--resources={raw}")
+        assert json.loads(flag.removeprefix("--resources=")) == {group["groupName"]: 1}
+
+
+def test_the_old_doubly_escaped_form_fails_kuberays_parse() -> None:
+    with pytest.raises(ValueError, match="JSON object"):
+        kuberay_resources(json.dumps(json.dumps({"prefill": 1})))
+
+
+def test_the_head_takes_no_replica(rayservice: dict[str, Any]) -> None:
+    params = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
+    assert params["num-cpus"] == "0" and params["num-gpus"] == "0"
 
 
 # --- Ray's and vLLM's own validators --------------------------------------------------
@@ -268,7 +294,7 @@ def test_vllm_accepts_engine_kwargs_and_kv_transfer_config(rayservice: dict[str,
     kv = KVTransferConfig(**engine.pop("kv_transfer_config"))
     assert kv.is_kv_transfer_instance
     args = AsyncEngineArgs(model=config["model_loading_config"]["model_source"], kv_transfer_config=kv, **engine)
-    assert args.block_size == 16
+    assert args.max_model_len == config["engine_kwargs"]["max_model_len"]
 
 
 @serve

@@ -17,7 +17,34 @@ from tests.conftest import CDK_JSON_CONTEXT, ROOT
 
 # (overrides, the key the error must name, a fragment of what is allowed)
 BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
-    ({"gpu_instnce_type": "g6.8xlarge"}, "gpu_instnce_type", "not a setting"),
+    ({"gpu_instnce_type": "g6.8xlarge"}, "gpu_instnce_type", "did you mean 'gpu_instance_type'?"),
+    ({"zzz": "1"}, "zzz", "settings are ["),
+    ({"gpu_instance_type": "g6.12xlarge"}, "gpu_instance_type", "one GPU per node"),
+    ({"gpu_instance_type": "g6e.12xlarge"}, "gpu_instance_type", "one GPU per node"),
+    ({"gpu_instance_type": "g5.12xlarge"}, "gpu_instance_type", "one GPU per node"),
+    (
+        {"gpu_instance_type": "p4d.24xlarge"},
+        "gpu_instance_type",
+        "['g5.8xlarge', 'g6.16xlarge', 'g6.8xlarge', 'g6e.8xlarge']",
+    ),
+    ({"gpu_instance_type": "p5.48xlarge"}, "gpu_instance_type", "one GPU per node"),
+    ({"model_source": "gs://bucket/qwen"}, "model_source", "s3:// and gs:// sources are not readable"),
+    ({"model_source": "s3://bucket/models/qwen"}, "model_source", "s3:// and gs:// sources are not readable"),
+    ({"max_model_len": 40961}, "max_model_len", "256 to 40960 tokens, the context length of Qwen/Qwen3-8B"),
+    (
+        {"model_id": "Qwen/Qwen2.5-7B-Instruct", "max_model_len": 32769},
+        "max_model_len",
+        "256 to 32768 tokens",
+    ),
+    ({"max_model_len": 255}, "max_model_len", "256 to"),
+    ({"system_nodes_min": 0}, "system_nodes_min", "at least 1"),
+    ({"system_volume_gib": 99}, "system_volume_gib", "100 to 16384"),
+    ({"public_access_cidrs": "office"}, "public_access_cidrs", "IPv4 networks"),
+    (
+        {"public_access_cidrs": "203.0.113.0/24", "endpoint_access": "private"},
+        "public_access_cidrs",
+        "empty when endpoint_access is 'private'",
+    ),
     ({"gpu_instance_type": "g6.2xlarge"}, "gpu_instance_type", "with a GPU and EFA"),
     ({"gpu_instance_type": "m7i.xlarge"}, "gpu_instance_type", "with a GPU and EFA"),
     ({"gpu_instance_type": "g9.huge"}, "gpu_instance_type", "with a GPU and EFA"),
@@ -45,7 +72,7 @@ BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
     ({"gpu_capacity_reservation_id": "cr-123"}, "gpu_capacity_reservation_id", "cr- and 17 hex digits"),
     ({"gpu_capacity_reservation_id": "cr-0123456789abcdef0"}, "gpu_capacity_reservation_id", "gpu_placement_group"),
     ({"model_id": "Qwen/Qwen3-14B"}, "model_id", "must fit"),
-    ({"max_model_len": 131072, "model_id": "Qwen/Qwen3-8B"}, "model_id", "must fit"),
+    ({"max_model_len": 40960, "model_id": "Qwen/Qwen3-8B"}, "model_id", "must fit"),
     ({"model_id": "nobody/unknown-model"}, "model_id", "one of"),
     ({"model_id": "meta-llama/Llama-3.1-8B-Instruct"}, "model_id", "hf_token_secret_name"),
     ({"gpu_memory_utilization": 0.99}, "gpu_memory_utilization", "0.5 to 0.95"),
@@ -166,3 +193,18 @@ def test_a_cdk_refusal_while_building_is_one_line(
     assert err == [
         "error: the stack could not be built: AmiTypeDoesNotMatchInstanceArchitecture: the AMI does not match"
     ]
+
+
+def test_max_model_len_up_to_the_models_context_length_is_accepted() -> None:
+    """The boundary: exactly the model's max_position_embeddings (Qwen3-4B: 40960) loads."""
+    settings = settings_from({**CDK_JSON_CONTEXT, "model_id": "Qwen/Qwen3-4B", "max_model_len": "40960"})
+    assert settings.max_model_len == settings.model.max_context_tokens == 40960
+
+
+def test_a_public_endpoint_open_to_the_world_warns_in_one_line() -> None:
+    from app import warnings
+
+    (line,) = warnings(Settings())
+    assert "0.0.0.0/0" in line and "public_access_cidrs" in line and "\n" not in line
+    assert warnings(Settings(public_access_cidrs=("203.0.113.0/24",))) == []
+    assert warnings(Settings(endpoint_access="private")) == []
