@@ -20,6 +20,13 @@ node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 	$(BIN)/npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# checkov in its own environment: its pins clash with Ray's and vLLM's.
+CHECKOV_VENV ?= .venv-checkov
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r requirements-checkov.txt
+	touch $@
+
 $(VENV)/.serve-installed: requirements-serve.txt $(VENV)/.installed
 	$(BIN)/python -m tools.install_serve_deps
 	touch $@
@@ -39,11 +46,11 @@ lint: setup
 	$(BIN)/mypy .
 
 ## The full suite: lint, types, and every test, Ray's and vLLM's validators included.
-test: setup-serve lint schemas
+test: setup-serve lint schemas $(CHECKOV_VENV)/.installed
 	REQUIRE_SERVE_DEPS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:warnings
 
 ## Everything but the tests that need ray[serve,llm] (a ~10 GB install).
-test-fast: setup lint schemas
+test-fast: setup lint schemas $(CHECKOV_VENV)/.installed
 	$(BIN)/python -m pytest -n 2 -q -p no:warnings -m "not serve"
 
 ## Decode Helm values and manifests into review/ (commit the result; a test checks it is fresh).

@@ -10,9 +10,9 @@ from constructs import Construct
 
 from cdk_constructs.cluster import as_icluster
 from cdk_constructs.helm import helm_release
+from cdk_constructs.kubectl_job import kubectl_job
 from settings.catalog import (
     EFA_DEVICE_PLUGIN,
-    KUBECTL_IMAGE,
     KUBERAY_CRDS,
     KUBERAY_OPERATOR,
     NVIDIA_DEVICE_PLUGIN,
@@ -20,7 +20,6 @@ from settings.catalog import (
 )
 
 CRD_UPGRADER = "kuberay-crd-upgrader"
-SCRATCH_HOME = "/tmp"  # noqa: S108 - an emptyDir of the Job's own pod
 
 
 def kuberay_operator_values(system_node_labels: Mapping[str, str]) -> dict[str, Any]:
@@ -30,8 +29,8 @@ def kuberay_operator_values(system_node_labels: Mapping[str, str]) -> dict[str, 
 def kuberay_crd_upgrade(system_node_labels: Mapping[str, str]) -> list[dict[str, Any]]:
     """A ServiceAccount, its CRD-only RBAC and a Job that applies the pinned KubeRay CRDs server-side.
 
-    The Job's name carries the chart version: a version bump makes a new Job
-    (Job templates are immutable) and the kubectl provider prunes the old one.
+    The Job's name carries the chart version and a hash of its spec: a version
+    bump makes a new Job (Job templates are immutable) and the provider prunes the old one.
     Server-side apply keeps no last-applied annotation, so 1 MB CRDs fit.
     """
     pin = KUBERAY_OPERATOR
@@ -59,42 +58,13 @@ def kuberay_crd_upgrade(system_node_labels: Mapping[str, str]) -> list[dict[str,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CRD_UPGRADER},
             "subjects": [{"kind": "ServiceAccount", "name": CRD_UPGRADER, "namespace": pin.namespace}],
         },
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": f"kuberay-crds-{pin.version.replace('.', '-')}", "namespace": pin.namespace},
-            "spec": {
-                "backoffLimit": 6,
-                "template": {
-                    "spec": {
-                        "serviceAccountName": CRD_UPGRADER,
-                        "restartPolicy": "OnFailure",
-                        "nodeSelector": dict(system_node_labels),
-                        "containers": [
-                            {
-                                "name": "apply-crds",
-                                "image": KUBECTL_IMAGE,
-                                # The image's entrypoint is not documented; name the binary.
-                                "command": ["kubectl"],
-                                "args": apply_args,
-                                # kubectl writes its discovery cache under $HOME; the
-                                # root filesystem is read-only, so HOME is a scratch dir.
-                                "env": [{"name": "HOME", "value": SCRATCH_HOME}],
-                                "volumeMounts": [{"name": "home", "mountPath": SCRATCH_HOME}],
-                                "securityContext": {
-                                    "runAsNonRoot": True,
-                                    "runAsUser": 65532,
-                                    "readOnlyRootFilesystem": True,
-                                    "allowPrivilegeEscalation": False,
-                                    "capabilities": {"drop": ["ALL"]},
-                                },
-                            }
-                        ],
-                        "volumes": [{"name": "home", "emptyDir": {}}],
-                    }
-                },
-            },
-        },
+        kubectl_job(
+            name_prefix=f"kuberay-crds-{pin.version.replace('.', '-')}",
+            namespace=pin.namespace,
+            service_account=CRD_UPGRADER,
+            args=apply_args,
+            node_selector=system_node_labels,
+        ),
     ]
 
 

@@ -1,4 +1,4 @@
-"""The serving layer: a namespace and the RayService that runs the P/D application."""
+"""The serving layer: a namespace, the RayService that runs the P/D application, and what rolls its cluster."""
 
 from __future__ import annotations
 
@@ -9,10 +9,60 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from cdk_constructs.cluster import as_icluster
+from cdk_constructs.kubectl_job import kubectl_job
+from serve_config import CLUSTER_CONFIG_LABEL, ORIGINATED_FROM_LABEL
+
+RECREATOR = "raycluster-recreator"
+
+
+def cluster_recreate(
+    *, namespace: str, service_name: str, config_hash: str, system_node_labels: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """A ServiceAccount, a Role that may only list and delete RayClusters, and a Job named after the config hash.
+
+    Under upgradeStrategy None, KubeRay never rolls a change of rayClusterConfig
+    out to the running cluster. The Job deletes the RayCluster of this RayService
+    that was built from another spec (its label differs); KubeRay then sees no
+    cluster and builds one from the current spec. A cluster built from the
+    current spec carries the same hash, so the first deploy deletes nothing.
+    """
+    selector = f"{ORIGINATED_FROM_LABEL}={service_name},{CLUSTER_CONFIG_LABEL}!={config_hash}"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": RECREATOR, "namespace": namespace}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": RECREATOR, "namespace": namespace},
+            "rules": [{"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": RECREATOR, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": RECREATOR},
+            "subjects": [{"kind": "ServiceAccount", "name": RECREATOR, "namespace": namespace}],
+        },
+        kubectl_job(
+            name_prefix="raycluster-recreate",
+            namespace=namespace,
+            service_account=RECREATOR,
+            args=[
+                "delete",
+                "rayclusters.ray.io",
+                "--namespace",
+                namespace,
+                "--selector",
+                selector,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            node_selector=system_node_labels,
+        ),
+    ]
 
 
 class LlmService(Construct):
-    """Applies the RayService (ray.io/v1) in its own namespace.
+    """Applies the RayService (ray.io/v1) in its own namespace, and rolls its Ray cluster when its spec changes.
 
     One manifest per Kubernetes object, so ``cdk diff`` replaces the smallest string.
 
@@ -20,10 +70,13 @@ class LlmService(Construct):
         cluster: the cluster, with KubeRay's CRDs installed before this applies
             (the stack adds that dependency).
         namespace: the namespace to create for the RayService.
-        rayservice: the RayService manifest (serve_config.rayservice()).
+        rayservice: the RayService manifest (serve_config.rayservice()), labelled
+            with serve_config.CLUSTER_CONFIG_LABEL.
+        system_node_labels: where the recreate Job runs.
 
     Attributes:
         namespace_manifest, rayservice_manifest: the two manifests.
+        recreate_manifests: the recreate Job and its RBAC, applied after the RayService.
     """
 
     def __init__(
@@ -34,6 +87,7 @@ class LlmService(Construct):
         cluster: eks.Cluster,
         namespace: str,
         rayservice: Mapping[str, Any],
+        system_node_labels: Mapping[str, str],
     ) -> None:
         super().__init__(scope, construct_id)
         self.namespace_manifest = eks.KubernetesManifest(
@@ -49,3 +103,17 @@ class LlmService(Construct):
             manifest=[dict(rayservice)],
         )
         self.rayservice_manifest.node.add_dependency(self.namespace_manifest)
+        previous: Construct = self.rayservice_manifest
+        self.recreate_manifests: list[eks.KubernetesManifest] = []
+        for doc in cluster_recreate(
+            namespace=namespace,
+            service_name=rayservice["metadata"]["name"],
+            config_hash=rayservice["metadata"]["labels"][CLUSTER_CONFIG_LABEL],
+            system_node_labels=system_node_labels,
+        ):
+            manifest = eks.KubernetesManifest(
+                self, f"RayClusterRecreate{doc['kind']}", cluster=as_icluster(cluster), manifest=[doc]
+            )
+            manifest.node.add_dependency(previous)
+            self.recreate_manifests.append(manifest)
+            previous = manifest

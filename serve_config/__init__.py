@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,14 @@ GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HF_TOKEN_SECRET = "hf-token"  # noqa: S105 - a Secret's name, not a token
 HF_TOKEN_SECRET_KEY = "token"  # noqa: S105 - a key name
+# A label on the RayService carrying a hash of its rayClusterConfig. KubeRay copies
+# the RayService's labels onto the RayCluster it creates (rayservice_controller.go,
+# constructRayClusterForRayService), so a running cluster shows which spec it was
+# built from; the recreate Job (cdk_constructs/llm_service.py) deletes one built
+# from another spec, and KubeRay builds a new one from the current spec.
+CLUSTER_CONFIG_LABEL = "pd-inference.aws/ray-cluster-config"
+# KubeRay's label on a RayCluster made for a RayService: the RayService's name.
+ORIGINATED_FROM_LABEL = "ray.io/originated-from-cr-name"
 
 
 @functools.cache
@@ -181,10 +190,17 @@ def rayservice(
         container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
         groups.append(group)
     cluster["workerGroupSpecs"] = groups
+    doc["metadata"]["labels"] = {CLUSTER_CONFIG_LABEL: cluster_config_hash(doc)}
     found = checks.problems(doc)
     if found:
         raise ServeConfigError("serve_config/*.yaml: " + "; ".join(found))
     return doc
+
+
+def cluster_config_hash(rayservice: dict[str, Any]) -> str:
+    """A short, stable hash of the RayService's rayClusterConfig (a label value)."""
+    text = json.dumps(rayservice["spec"]["rayClusterConfig"], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def pod_labels(settings: Settings) -> dict[str, str]:

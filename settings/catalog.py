@@ -118,6 +118,9 @@ ALL_CHARTS = (KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, EXTERNA
 # checks they agree).
 DEFAULT_RAY_IMAGE = "public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0"
 IMAGE_RAY_VERSION = "2.58.0"
+# The image's CUDA 13.0.2 needs an NVIDIA driver of branch 580 or newer (NVIDIA's
+# CUDA release notes; the AL2023 NVIDIA AMI for 1.36 ships 580.159.03): verify checks it.
+IMAGE_MIN_NVIDIA_DRIVER = 580
 
 
 # --- Instances ---------------------------------------------------------------

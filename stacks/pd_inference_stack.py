@@ -104,6 +104,7 @@ class PdInferenceStack(Stack):
                 gpu_node_labels=dict(gpu_nodes.labels),
                 gpu_toleration=gpu_toleration(),
             ),
+            system_node_labels=system_nodes.labels,
         )
         token_releases: list[Construct] = []
         if settings.hf_token_secret_name is not None:

@@ -69,12 +69,15 @@ def manifests(template: dict[str, Any]) -> list[dict[str, Any]]:
     return docs
 
 
-def manifest_resource(template: dict[str, Any], kind: str) -> str:
-    """The logical id of the one manifest resource that applies an object of this kind."""
+def manifest_resource(template: dict[str, Any], kind: str, name_prefix: str = "") -> str:
+    """The logical id of the one manifest resource that applies an object of this kind (and name prefix)."""
     found = [
         logical_id
         for logical_id, r in resources(template, "Custom::AWSCDK-EKS-KubernetesResource").items()
-        if any(doc.get("kind") == kind for doc in json.loads(render(r["Properties"]["Manifest"])))
+        if any(
+            doc.get("kind") == kind and doc.get("metadata", {}).get("name", "").startswith(name_prefix)
+            for doc in json.loads(render(r["Properties"]["Manifest"]))
+        )
     ]
     assert len(found) == 1, f"{kind}: {found}"
     return found[0]

@@ -7,7 +7,6 @@ renderer is the very binary that runs `helm upgrade --install` at deploy time.
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
 import io
@@ -25,6 +24,8 @@ import yaml
 from settings.catalog import ALL_CHARTS, KUBERNETES_VERSIONS, HelmChartPin, layer_package
 from tools.fetch_schemas import OUT, chart_file, find
 from tools.review import render as render_token
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class ChartMissingError(FileNotFoundError):
@@ -94,13 +95,23 @@ def template_chart(pin: HelmChartPin, values: dict[str, Any], kubernetes_version
         )
     if result.returncode != 0:
         raise RuntimeError(f"helm template {pin.chart} {pin.version}: {result.stderr.strip()}")
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return _parsed(result.stdout)
+
+
+@functools.cache
+def _parsed(text: str) -> list[dict[str, Any]]:
+    # The charts' CRDs are megabytes of YAML and most renders are the same text
+    # for every Kubernetes version: parse each text once, with libyaml's parser.
+    return [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc]
 
 
 def rendered_releases(template: dict[str, Any], kubernetes_version: str) -> dict[str, list[dict[str, Any]]]:
-    """Every Helm release in the synthesized template, rendered: release name -> objects (a fresh copy)."""
+    """Every Helm release in the synthesized template, rendered: release name -> objects.
+
+    Cached and shared between callers: copy an object before changing it.
+    """
     releases = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "Custom::AWSCDK-EKS-HelmChart"]
-    return copy.deepcopy(_rendered(json.dumps(releases, sort_keys=True), kubernetes_version))
+    return _rendered(json.dumps(releases, sort_keys=True), kubernetes_version)
 
 
 @functools.cache

@@ -35,7 +35,7 @@ def test_builtin_objects_are_valid_for_the_cluster_version(builtin_objects: list
 
 
 def test_strict_validation_rejects_a_misspelled_field(builtin_objects: list[dict[str, Any]]) -> None:
-    (job,) = [copy.deepcopy(o) for o in builtin_objects if o["kind"] == "Job"]
+    job = next(copy.deepcopy(o) for o in builtin_objects if o["kind"] == "Job")
     job["spec"]["template"]["spec"]["restartPolcy"] = job["spec"]["template"]["spec"].pop("restartPolicy")
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(job, Settings().kubernetes_version, strict=True)

@@ -83,7 +83,7 @@ def test_upgrades_fit_two_fixed_gpus(rayservice: dict[str, Any], template: dict[
 def test_kuberay_crds_upgraded_by_a_versioned_job(template: dict[str, Any]) -> None:
     docs = {d["kind"]: d for d in manifests(template) if d["metadata"].get("name", "").startswith("kuberay-crd")}
     job = docs["Job"]
-    assert job["metadata"]["name"] == f"kuberay-crds-{KUBERAY_OPERATOR.version.replace('.', '-')}"
+    assert job["metadata"]["name"].startswith(f"kuberay-crds-{KUBERAY_OPERATOR.version.replace('.', '-')}-")
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["image"] == KUBECTL_IMAGE
     assert container["args"][:2] == ["apply", "--server-side"]
@@ -95,7 +95,7 @@ def test_kuberay_crds_upgraded_by_a_versioned_job(template: dict[str, Any]) -> N
     assert {"get", "patch", "update"} == set(rules[0]["verbs"])
     assert all(name.endswith(".ray.io") for name in rules[0]["resourceNames"])
     # After the operator chart, before the RayService.
-    job_id = manifest_resource(template, "Job")
+    job_id = manifest_resource(template, "Job", name_prefix="kuberay-crds-")
     assert depends_on(template, job_id, helm_releases(template)["kuberay-operator"])
     assert depends_on(template, manifest_resource(template, "RayService"), job_id)
 
@@ -106,7 +106,7 @@ def test_chart_version_bump_makes_a_new_job(monkeypatch: pytest.MonkeyPatch) -> 
     bumped = KUBERAY_OPERATOR.__class__(**{**KUBERAY_OPERATOR.__dict__, "version": "1.8.0"})
     monkeypatch.setattr(addons, "KUBERAY_OPERATOR", bumped)
     (job,) = [doc for doc in addons.kuberay_crd_upgrade({}) if doc["kind"] == "Job"]
-    assert job["metadata"]["name"] == "kuberay-crds-1-8-0"
+    assert job["metadata"]["name"].startswith("kuberay-crds-1-8-0-")
     assert all("/v1.8.0/" in arg for arg in job["spec"]["template"]["spec"]["containers"][0]["args"] if "://" in arg)
 
 

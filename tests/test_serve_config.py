@@ -202,7 +202,7 @@ def test_worker_resources_survive_kuberays_parse_and_bash(rayservice: dict[str, 
 
 
 def test_the_old_doubly_escaped_form_fails_kuberays_parse() -> None:
-    with pytest.raises(ValueError, match="JSON object"):
+    with pytest.raises(ValueError, match="property name enclosed in double quotes"):
         kuberay_resources(json.dumps(json.dumps({"prefill": 1})))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from settings import Settings
+from tests.conftest import ROOT
 from tools import bench, plan
 from tools.cluster_access import NixlSnapshot, metric_total
 from tools.verify import Check, metrics_check, nixl_log_findings, placement_check, table
@@ -157,3 +159,64 @@ def test_default_settings_object_is_what_tools_load() -> None:
     from settings import settings_from_cli
 
     assert settings_from_cli([]) == Settings()
+
+
+# --- issue 10 item 3: the fabric proved positively ------------------------------------
+
+
+def test_the_efa_rails_line_is_required_and_tcp_fails_the_default() -> None:
+    text = (DATA / "ray_logs_libfabric.txt").read_text()
+    assert nixl_log_findings(text).rail_providers == {"efa"}
+    # Without NIXL's INFO line nothing proves the fabric: the absence of a TCP line is not proof.
+    silent = "\n".join(line for line in text.splitlines() if "rails using" not in line)
+    assert any("provider=efa" in p for p in nixl_log_findings(silent).problems)
+    on_tcp = text.replace("provider=efa", "provider=tcp")
+    assert any("not efa" in p for p in nixl_log_findings(on_tcp).problems)
+    assert nixl_log_findings(on_tcp, expected_provider="tcp").problems == []
+
+
+def test_driver_check_against_the_images_cuda() -> None:
+    from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
+    from tools.verify import driver_check
+
+    assert driver_check({"p": "580.159.03\n", "d": "580.159.03"}, IMAGE_MIN_NVIDIA_DRIVER).ok
+    old = driver_check({"p": "570.86.15"}, IMAGE_MIN_NVIDIA_DRIVER)
+    assert not old.ok and "570.86.15 < 580" in old.detail
+    assert not driver_check({"p": "NVIDIA-SMI has failed"}, IMAGE_MIN_NVIDIA_DRIVER).ok
+    assert not driver_check({}, IMAGE_MIN_NVIDIA_DRIVER).ok
+
+
+def test_counters_are_polled_until_they_grow() -> None:
+    from tools.verify import poll_until_grown
+
+    readings = iter([NixlSnapshot(4, 0.4, 0), NixlSnapshot(4, 0.4, 0), NixlSnapshot(5, 0.5, 0)])
+    slept: list[float] = []
+    after = poll_until_grown(lambda: next(readings), NixlSnapshot(4, 0.4, 0), sleep=slept.append)
+    assert after.transfers == 5 and slept == [2.0, 2.0]
+    # Never grows: gives up after the timeout, having waited about 30 s of Ray's export interval.
+    slept.clear()
+    stuck = poll_until_grown(lambda: NixlSnapshot(4, 0.4, 0), NixlSnapshot(4, 0.4, 0), sleep=slept.append)
+    assert stuck.transfers == 4 and sum(slept) == pytest.approx(30.0)
+
+
+def test_prefill_must_have_served() -> None:
+    from tools.verify import prefill_check
+
+    assert prefill_check(100.0, 612.0).ok
+    assert not prefill_check(100.0, 100.0).ok
+    assert not prefill_check(None, None).ok
+
+
+# --- issue 10 item 18: no cluster, one line -----------------------------------------------
+
+
+@pytest.mark.parametrize("tool", ["verify", "bench"])
+def test_without_a_cluster_the_tools_end_in_one_line(tmp_path: Path, tool: str) -> None:
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "missing"), "HOME": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", f"tools.{tool}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert "aws eks update-kubeconfig --name pd-inference" in lines[0]

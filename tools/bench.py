@@ -24,7 +24,14 @@ from typing import Any
 
 from serve_config import DECODE, SERVE_PORT, serve_service_name
 from settings import Settings, settings_from_cli
-from tools.cluster_access import NixlSnapshot, metrics_text, port_forward, worker_pods
+from tools.cluster_access import (
+    ClusterUnreachableError,
+    NixlSnapshot,
+    metrics_text,
+    port_forward,
+    unreachable_message,
+    worker_pods,
+)
 
 FIELDS = (
     "input_len",
@@ -190,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     points = [Point(n, c) for n in args.input_lens for c in args.concurrency]
-    rows = sweep(settings, points, args.output_len, args.prompts_per_run, args.out)
+    try:
+        rows = sweep(settings, points, args.output_len, args.prompts_per_run, args.out)
+    except ClusterUnreachableError as err:
+        print(unreachable_message(settings, err), file=sys.stderr)
+        return 2
     write_csv(rows, args.out / "results.csv")
     title = (
         f"{settings.model_id} on {settings.gpu_instance_type}: "

@@ -27,12 +27,48 @@ RAY_METRICS_PORT = 8080
 XFER_COUNT = "vllm:nixl_xfer_time_seconds_count"
 XFER_SUM = "vllm:nixl_xfer_time_seconds_sum"
 FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers"
+# Prompt tokens an engine has processed: grows on prefill when it serves a request.
+PROMPT_TOKENS = "vllm:prompt_tokens"
+
+# What kubectl says when it has no cluster to talk to (no kubeconfig, a wrong
+# context, the endpoint out of reach, expired credentials).
+_UNREACHABLE = (
+    "connection to the server",
+    "couldn't get current server api group list",
+    "no configuration has been provided",
+    "dial tcp",
+    "i/o timeout",
+    "unable to connect to the server",
+    "you must be logged in",
+    "the server has asked for the client to provide credentials",
+    "current-context is not set",
+)
+
+
+class ClusterUnreachableError(RuntimeError):
+    """kubectl is missing or cannot reach the cluster."""
+
+
+def unreachable_message(settings: Settings, err: BaseException) -> str:
+    """One line: what went wrong and the command that points kubectl at the stack's cluster."""
+    detail = (str(err).strip().splitlines() or [""])[0]
+    region = f" --region {settings.effective_region}" if settings.effective_region else " --region <region>"
+    return (
+        f"error: kubectl cannot reach the cluster ({detail}); run the stack's UpdateKubeconfigCommand output: "
+        f"aws eks update-kubeconfig --name {settings.cluster_name}{region}"
+    )
 
 
 def kubectl(*args: str, timeout: float = 60) -> str:
-    result = subprocess.run(["kubectl", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        result = subprocess.run(["kubectl", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise ClusterUnreachableError("kubectl is not installed or not on PATH") from None
     if result.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        message = result.stderr.strip()
+        if any(marker in message.lower() for marker in _UNREACHABLE):
+            raise ClusterUnreachableError(message)
+        raise RuntimeError(f"kubectl {' '.join(args)}: {message}")
     return result.stdout
 
 

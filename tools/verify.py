@@ -1,14 +1,19 @@
 """After `cdk deploy`: prove the KV cache moves over EFA with NIXL's LIBFABRIC backend.
 
-    python -m tools.verify [-c key=value ...]     (the same -c settings as the deploy)
+    python -m tools.verify [-c key=value ...] [--provider efa]   (the same -c settings as the deploy)
 
 Checks, each a row of the table it prints (exit 1 on any failure):
 1. prefill and decode workers run on distinct nodes, in one AZ, each with an EFA device;
-2. the workers' Ray logs show NIXL's LIBFABRIC backend instantiated, no skipped
-   backend registration, no UCX backend and no TCP/sockets libfabric provider;
-3. /v1/models and one chat completion answer through the one serve endpoint;
-4. after that request, decode's vllm:nixl_xfer_time_seconds_count has grown and
-   vllm:nixl_num_failed_transfers is 0.
+2. each worker's Ray logs show NIXL's LIBFABRIC backend instantiated and NIXL's own
+   "Created N rails using provider=efa" line (logged at INFO: the workers run with
+   NIXL_LOG_LEVEL=INFO), no skipped backend registration, no UCX backend and no
+   other libfabric provider. The absence of a TCP line is not proof: the efa line is;
+3. the workers' NVIDIA driver is at least what the image's CUDA needs;
+4. /v1/models and one chat completion answer through the one serve endpoint;
+5. after that request (Ray exports metrics every 10 s, so decode's counters are
+   polled for up to 30 s): decode's vllm:nixl_xfer_time_seconds_count has grown,
+   vllm:nixl_num_failed_transfers is 0, and prefill's vllm:prompt_tokens grew
+   (prefill really served the request).
 """
 
 from __future__ import annotations
@@ -16,19 +21,25 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from serve_config import DECODE, EFA_RESOURCE, SERVE_PORT, SIDES, serve_service_name
+from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, serve_service_name
 from settings import Settings, settings_from_cli
+from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
 from tools.cluster_access import (
+    PROMPT_TOKENS,
+    ClusterUnreachableError,
     NixlSnapshot,
     http_json,
     kubectl,
     kubectl_json,
+    metric_total,
     metrics_text,
     port_forward,
+    unreachable_message,
     worker_pods,
 )
 
@@ -41,6 +52,13 @@ _INSTANTIATED = re.compile(r"Backend (\w+) was instantiated")
 _SKIPPED = re.compile(r"Skipping backend registration (\w+)")
 _NIXL_MISSING = re.compile(r"NIXL is not available")
 _TCP_PROVIDER = re.compile(r"provider\W{0,3}(tcp|sockets|udp)\b", re.IGNORECASE)
+# nixl's libfabric rail manager: "Created 2 rails using provider=efa" (INFO).
+_RAILS = re.compile(r"rails using provider\W{0,2}(\w+)")
+_TCP_FALLBACK = re.compile(r"\(TCP fallback\)")
+# The provider the GPU nodes' libfabric must use; the CPU rehearsal passes tcp.
+DEFAULT_PROVIDER = "efa"
+# How long Ray takes to export a counter (metrics_report_interval_ms, 10 s), with margin.
+METRICS_WAIT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -56,30 +74,86 @@ class LogFindings:
     skipped: frozenset[str]
     nixl_missing: bool
     tcp_provider: bool
+    rail_providers: frozenset[str] = frozenset()
+    tcp_fallback: bool = False
+    expected_provider: str = DEFAULT_PROVIDER
 
     @property
     def problems(self) -> list[str]:
         found = []
         if "LIBFABRIC" not in self.instantiated:
             found.append("no 'Backend LIBFABRIC was instantiated'")
+        if self.expected_provider not in self.rail_providers:
+            found.append(
+                f"no NIXL 'rails using provider={self.expected_provider}' line "
+                f"(providers seen: {sorted(self.rail_providers) or 'none'}; is NIXL_LOG_LEVEL=INFO set?)"
+            )
+        others = self.rail_providers - {self.expected_provider}
+        if others:
+            found.append(f"NIXL rails on {sorted(others)}, not {self.expected_provider}")
+        if self.tcp_fallback and self.expected_provider != "tcp":
+            found.append("NIXL logged a TCP fallback")
         if self.skipped:
             found.append(f"skipped backend registration: {sorted(self.skipped)}")
         if "UCX" in self.instantiated:
             found.append("UCX backend instantiated (TCP speed on EFA)")
         if self.nixl_missing:
             found.append("NIXL is not available")
-        if self.tcp_provider:
-            found.append("libfabric on a TCP/sockets provider, not efa")
+        if self.tcp_provider and self.expected_provider not in ("tcp", "sockets"):
+            found.append(f"libfabric on a TCP/sockets provider, not {self.expected_provider}")
         return found
 
 
-def nixl_log_findings(text: str) -> LogFindings:
+def nixl_log_findings(text: str, expected_provider: str = DEFAULT_PROVIDER) -> LogFindings:
     return LogFindings(
         instantiated=frozenset(_INSTANTIATED.findall(text)),
         skipped=frozenset(_SKIPPED.findall(text)),
         nixl_missing=bool(_NIXL_MISSING.search(text)),
         tcp_provider=bool(_TCP_PROVIDER.search(text)),
+        rail_providers=frozenset(p.lower() for p in _RAILS.findall(text)),
+        tcp_fallback=bool(_TCP_FALLBACK.search(text)),
+        expected_provider=expected_provider,
     )
+
+
+def driver_check(versions: dict[str, str], minimum: int) -> Check:
+    """Each worker's `nvidia-smi --query-gpu=driver_version` against the image's CUDA minimum."""
+    problems = []
+    for pod, text in sorted(versions.items()):
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        try:
+            major = int(first.split(".")[0])
+        except ValueError:
+            problems.append(f"{pod}: no driver version from nvidia-smi ({first!r})")
+            continue
+        if major < minimum:
+            problems.append(f"{pod}: driver {first} < {minimum}, which the image's CUDA needs")
+    detail = "; ".join(problems) or ", ".join(f"{p}: {v.strip()}" for p, v in sorted(versions.items()))
+    return Check(f"NVIDIA driver >= {minimum}", bool(versions) and not problems, detail or "no workers")
+
+
+def poll_until_grown(
+    read: Callable[[], NixlSnapshot],
+    before: NixlSnapshot,
+    *,
+    timeout: float = METRICS_WAIT_SECONDS,
+    interval: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> NixlSnapshot:
+    """Read the counters until the transfer count grows or the timeout passes; the last reading."""
+    waited = 0.0
+    after = read()
+    while after.transfers <= before.transfers and waited < timeout:
+        sleep(interval)
+        waited += interval
+        after = read()
+    return after
+
+
+def prefill_check(before: float | None, after: float | None) -> Check:
+    """Prefill's own prompt-token counter grew: the request's prefill really ran there."""
+    ok = after is not None and (before or 0.0) < after
+    return Check("prefill served the request", ok, f"prefill vllm:prompt_tokens {before} -> {after}")
 
 
 def placement_check(groups: dict[str, list[dict[str, Any]]], nodes: dict[str, dict[str, Any]]) -> Check:
@@ -124,7 +198,7 @@ def _guard(name: str, fn: Callable[[], Check]) -> Check:
         return Check(name, False, f"{type(err).__name__}: {err}")
 
 
-def run_checks(settings: Settings) -> list[Check]:
+def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) -> list[Check]:
     ns = settings.serving_namespace
     groups = worker_pods(settings)
     node_names = {p["spec"].get("nodeName") for pods in groups.values() for p in pods if p["spec"].get("nodeName")}
@@ -136,16 +210,45 @@ def run_checks(settings: Settings) -> list[Check]:
         for side, pods in sorted(groups.items()):
             for pod in pods:
                 text = kubectl("exec", "-n", ns, pod["metadata"]["name"], "--", "sh", "-c", LOG_GREP + " || true")
-                problems += [f"{side}: {p}" for p in nixl_log_findings(text).problems]
+                problems += [f"{side}: {p}" for p in nixl_log_findings(text, expected_provider).problems]
         return Check(
             "NIXL LIBFABRIC backend, no fallback", not problems, "; ".join(problems) or "LIBFABRIC on every worker"
         )
 
     checks.append(_guard("NIXL LIBFABRIC backend, no fallback", logs))
 
+    def drivers() -> Check:
+        versions = {
+            pod["metadata"]["name"]: kubectl(
+                "exec",
+                "-n",
+                ns,
+                pod["metadata"]["name"],
+                "--",
+                "nvidia-smi",
+                "--query-gpu=driver_version",
+                "--format=csv,noheader",
+            )
+            for pods in groups.values()
+            for pod in pods
+        }
+        return driver_check(versions, IMAGE_MIN_NVIDIA_DRIVER)
+
+    checks.append(_guard(f"NVIDIA driver >= {IMAGE_MIN_NVIDIA_DRIVER}", drivers))
+
     decode = groups.get(DECODE, [])
     decode_pod = decode[0]["metadata"]["name"] if decode else ""
-    before = NixlSnapshot.of(metrics_text(ns, decode_pod)) if decode_pod else NixlSnapshot(0, 0, 0)
+    prefill = groups.get(PREFILL, [])
+    prefill_pod = prefill[0]["metadata"]["name"] if prefill else ""
+
+    def decode_counters() -> NixlSnapshot:
+        return NixlSnapshot.of(metrics_text(ns, decode_pod)) if decode_pod else NixlSnapshot(0, 0, 0)
+
+    def prefill_tokens() -> float | None:
+        return metric_total(metrics_text(ns, prefill_pod), PROMPT_TOKENS) if prefill_pod else None
+
+    before = decode_counters()
+    prefill_before = prefill_tokens()
     with port_forward(settings, serve_service_name(settings), SERVE_PORT) as base:
         models = _guard(
             "GET /v1/models",
@@ -153,8 +256,9 @@ def run_checks(settings: Settings) -> list[Check]:
         )
         chat = _guard("POST /v1/chat/completions", lambda: _chat_check(base, settings.model_id))
     checks += [models, chat]
-    after = NixlSnapshot.of(metrics_text(ns, decode_pod)) if decode_pod else before
+    after = poll_until_grown(decode_counters, before)
     checks.append(metrics_check(before, after))
+    checks.append(prefill_check(prefill_before, prefill_tokens()))
     return checks
 
 
@@ -183,8 +287,16 @@ def table(checks: list[Check]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Verify a deployed stack (kubectl must point at its cluster)")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--provider", default=DEFAULT_PROVIDER, help="the libfabric provider NIXL must use (default: efa)"
+    )
     args = parser.parse_args(argv)
-    checks = run_checks(settings_from_cli(args.context))
+    settings = settings_from_cli(args.context)
+    try:
+        checks = run_checks(settings, args.provider)
+    except ClusterUnreachableError as err:
+        print(unreachable_message(settings, err), file=sys.stderr)
+        return 2
     print(table(checks))
     return 0 if all(c.ok for c in checks) else 1
 
