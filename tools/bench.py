@@ -56,11 +56,20 @@ class Point:
 
 
 def bench_command(
-    *, base_url: str, model: str, point: Point, output_len: int, num_prompts: int, result_dir: Path, result_file: str
+    *,
+    base_url: str,
+    model: str,
+    point: Point,
+    output_len: int,
+    num_prompts: int,
+    result_dir: Path,
+    result_file: str,
+    tokenizer: str | None = None,
 ) -> list[str]:
-    """The `vllm bench serve` invocation for one point of the sweep."""
+    """The `vllm bench serve` invocation for one point of the sweep (tokenizer: a local copy, else the model's)."""
+    extra = ["--tokenizer", tokenizer] if tokenizer else []
     return [
-        sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        sys.executable, "-m", "tools.vllm_bench",
         "--backend", "openai-chat",
         "--endpoint", "/v1/chat/completions",
         "--base-url", base_url,
@@ -77,6 +86,7 @@ def bench_command(
         "--save-result",
         "--result-dir", str(result_dir),
         "--result-filename", result_file,
+        *extra,
     ]  # fmt: skip
 
 

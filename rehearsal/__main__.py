@@ -1,0 +1,98 @@
+"""`make rehearse`: the P/D run, which must pass, and the failure cases, each of which must fail as expected.
+
+    python -m rehearsal [--only CASE ...] [--out rehearsal-results]
+
+One case at a time (each starts its own Ray with two vLLM engines, ~9 GB).
+A failed case's Ray and engine logs are kept in OUT/logs-CASE/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CASE_TIMEOUT_S = 1200
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    passes: bool
+    # For a failure case: what the one-line failure must say, and what the logs must show.
+    failure: str = ""
+    evidence: str = ""
+
+
+CASES = (
+    Case("pd", passes=True),
+    # A product config with backends [UCX]: verify flags it.
+    Case("ucx", passes=False, failure=r"UCX backend instantiated|no 'Backend LIBFABRIC", evidence=r"Backend UCX"),
+    # Decode looking for prefill's NIXL side channel on the wrong host and port: the KV hand-off fails.
+    Case(
+        "wrong-side-channel", passes=False, failure=r"decode pulled KV over NIXL|chat/completions|deploy", evidence=""
+    ),
+    # NIXL's LIBFABRIC plugin cannot load (no libfabric.so.1): NIXL's own message.
+    Case(
+        "no-plugin",
+        passes=False,
+        failure=r"deploy failed|not RUNNING|LIBFABRIC",
+        evidence=r"Skipping backend registration LIBFABRIC|unsupported backend",
+    ),
+)
+
+
+def run_case(case: Case, out: Path) -> tuple[bool, str]:
+    """Run one case in a fresh process; whether it behaved as expected, and a line saying how."""
+    started = time.monotonic()
+    command = [sys.executable, "-m", "rehearsal.run", "--case", case.name, "--logs", str(out / f"logs-{case.name}")]
+    if case.passes:
+        command += ["--results", str(out / "bench")]
+    try:
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=CASE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return False, f"{case.name}: no result within {CASE_TIMEOUT_S} s"
+    elapsed = time.monotonic() - started
+    (out / f"{case.name}.stdout.txt").write_text(result.stdout)
+    (out / f"{case.name}.stderr.txt").write_text(result.stderr)
+    report = [line for line in result.stdout.splitlines() if not re.match(r"^\d{4}-\d\d-\d\d .*INFO scripts", line)]
+    print("\n".join(report[-30:]))
+    failure_lines = [line for line in result.stderr.splitlines() if line.startswith("rehearsal FAILED")]
+    if case.passes:
+        ok = result.returncode == 0
+        return ok, f"{case.name}: {'passed' if ok else failure_lines[-1:] or result.stderr[-500:]} in {elapsed:.0f} s"
+    if result.returncode == 0:
+        return False, f"{case.name}: passed, but it must fail ({elapsed:.0f} s)"
+    line = failure_lines[-1] if failure_lines else result.stderr.strip().splitlines()[-1:]
+    said = re.search(case.failure, str(line)) is not None
+    shown = not case.evidence or re.search(case.evidence, result.stderr + result.stdout) is not None
+    evidence = [m.group(0) for m in re.finditer(case.evidence, result.stderr)][:1] if case.evidence else []
+    return said and shown, f"{case.name}: failed as expected: {line} {evidence} ({elapsed:.0f} s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--only", action="append", choices=[c.name for c in CASES])
+    parser.add_argument("--out", type=Path, default=ROOT / "rehearsal-results")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for case in CASES:
+        if args.only and case.name not in args.only:
+            continue
+        print(f"=== rehearsal case {case.name}", flush=True)
+        ok, line = run_case(case, args.out)
+        print(("OK   " if ok else "FAIL ") + line, flush=True)
+        results.append(ok)
+    passed = sum(results)
+    print(f"rehearsal: {passed} passed, {len(results) - passed} failed")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""A tiny Qwen3 model made here, with no hub: random weights, a tokenizer trained on local text, a chat template.
+
+    python -m rehearsal.make_model OUT_DIR
+
+Its output is gibberish; everything the serving path does with a real model
+(config, safetensors, tokenizer, chat template) it does with this one.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# Qwen3's architecture at toy size. max_position_embeddings covers the product's
+# max_model_len (8192), which the rehearsal keeps.
+CONFIG: dict[str, Any] = {
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL = [END_OF_TEXT, IM_START, IM_END]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def corpus() -> list[str]:
+    """Local text to train the tokenizer on: this repository's own prose and code."""
+    files = sorted([*ROOT.glob("*.md"), *ROOT.glob("*/*.py"), *ROOT.glob("serve_config/*.yaml")])
+    return [line for f in files for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def make(out: Path) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=CONFIG["vocab_size"],
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tokenizer,
+        eos_token=IM_END,
+        pad_token=END_OF_TEXT,
+        bos_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+    torch.manual_seed(0)
+    settings: dict[str, Any] = {
+        **CONFIG,
+        "eos_token_id": fast.convert_tokens_to_ids(IM_END),
+        "pad_token_id": fast.convert_tokens_to_ids(END_OF_TEXT),
+        "bos_token_id": None,
+        "torch_dtype": "bfloat16",
+    }
+    model: Any = Qwen3ForCausalLM(Qwen3Config(**settings))
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    out = make(Path(args[0]))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

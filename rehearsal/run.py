@@ -1,0 +1,447 @@
+"""Run the product's own P/D application on this CPU: real vLLM engines, real NIXL LIBFABRIC transfers.
+
+    python -m rehearsal.run [--case pd|ucx|wrong-side-channel|no-plugin] [--logs DIR]
+
+The serve config and the workers' environment come from the synthesized
+template (the RayService's serveConfigV2 and worker container), changed only
+by CPU_DELTAS below. It is deployed the way KubeRay deploys it (PUT to the
+dashboard's /api/serve/applications/), and checked with `verify`'s own
+functions, with libfabric's tcp provider expected instead of efa.
+
+It runs inside a network namespace of its own (unshare --net, as root or
+with --map-root-user): libfabric's tcp provider refuses the loopback
+interface, so the namespace gets a veth pair with private addresses, and no
+traffic leaves it. Exit 0 when every check passes; on failure the Ray and
+engine logs are copied to --logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rehearsal import native
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST_IP = "10.99.0.1"
+PEER_IP = "10.99.0.2"
+IFACE = "rh0"
+DASHBOARD = f"http://{HOST_IP}:8265"
+SERVE = f"http://{HOST_IP}:8000"
+METRICS = f"http://{HOST_IP}:8080/metrics"
+IN_NAMESPACE = "PD_REHEARSAL_IN_NETNS"
+
+# The only changes made to the product's serve config, and why (a test pins this set).
+CPU_DELTAS: dict[str, str] = {
+    "model_loading_config.model_source": "a tiny Qwen3 made at test time (no hub); model_id stays the product's",
+    "accelerator_type": "removed: with an accelerator Ray LLM takes its GPU path ('platform cpu does not support ray')",
+    "placement_group_config.bundles[].GPU": "removed, for the same reason; CPU and the side's resource stay",
+    "engine_kwargs.enforce_eager": "True: no CUDA graphs or torch.compile warm-up on CPU",
+    "engine_kwargs.max_num_batched_tokens": "512: a CPU-sized batch",
+    "engine_kwargs.max_num_seqs": "8: a CPU-sized batch",
+    "engine_kwargs.dtype": "float32: this CPU has no fast bfloat16 path",
+    "runtime_env.env_vars.VLLM_CPU_OMP_THREADS_BIND": "one core per side (0 prefill, 1 decode)",
+}
+# Environment of the Ray processes here, beside the product's worker environment.
+CPU_ENV = {
+    "FI_PROVIDER": "tcp",  # replaces the product's efa: no EFA device here
+    "FI_TCP_IFACE": IFACE,
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+    "TORCH_COMPILE_DISABLE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+CORES = {"prefill": "0", "decode": "1"}
+DEPLOY_TIMEOUT_S = 720.0
+REQUEST_TIMEOUT_S = 120.0
+
+
+class RehearsalError(RuntimeError):
+    """One line saying what failed."""
+
+
+# --- What the product deploys, and the CPU deltas -----------------------------------------
+def product_rayservice() -> dict[str, Any]:
+    """The RayService in the synthesized template, on default settings."""
+    os.environ.setdefault("CDK_VALIDATION", "false")
+    from app import STACK_NAME, build_app
+    from tools.review import render
+
+    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    with tempfile.TemporaryDirectory() as out:
+        os.environ["CDK_OUTDIR"] = out
+        app, _, _ = build_app(context)
+        template = app.synth().get_stack_by_name(STACK_NAME).template
+    for resource in template["Resources"].values():
+        if resource["Type"] != "Custom::AWSCDK-EKS-KubernetesResource":
+            continue
+        for doc in json.loads(render(resource["Properties"]["Manifest"])):
+            if doc.get("kind") == "RayService":
+                return dict(doc)
+    raise RehearsalError("no RayService in the synthesized template")
+
+
+def cpu_serve_config(rayservice: dict[str, Any], model_dir: Path) -> dict[str, Any]:
+    """serveConfigV2 with CPU_DELTAS applied, and nothing else changed."""
+    config: dict[str, Any] = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    for app in config["applications"]:
+        for key, llm in app["args"].items():
+            side = key.removesuffix("_config")
+            llm["model_loading_config"]["model_source"] = str(model_dir)
+            llm.pop("accelerator_type", None)
+            for bundle in llm["placement_group_config"]["bundles"]:
+                bundle.pop("GPU", None)
+            llm["engine_kwargs"].update(enforce_eager=True, max_num_batched_tokens=512, max_num_seqs=8, dtype="float32")
+            env = llm.setdefault("runtime_env", {}).setdefault("env_vars", {})
+            env["VLLM_CPU_OMP_THREADS_BIND"] = CORES[side]
+    return config
+
+
+def product_worker_env(rayservice: dict[str, Any]) -> dict[str, str]:
+    """The plain-value environment of the product's worker containers (both groups share it)."""
+    env: dict[str, str] = {}
+    for group in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        for item in group["template"]["spec"]["containers"][0].get("env", []):
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+    return env
+
+
+# --- The network namespace ----------------------------------------------------------------------
+def in_namespace(argv: list[str]) -> int:
+    """Run this module again inside a new network namespace; its exit code."""
+    command = ["unshare", "--net"]
+    if os.geteuid() != 0:
+        command.append("--map-root-user")
+    env = {**os.environ, IN_NAMESPACE: "1"}
+    return subprocess.run([*command, sys.executable, "-m", "rehearsal.run", *argv], env=env, check=False).returncode
+
+
+def set_up_network() -> None:
+    for command in (
+        ["ip", "link", "set", "lo", "up"],
+        ["ip", "link", "add", IFACE, "type", "veth", "peer", "name", f"{IFACE}p"],
+        ["ip", "addr", "add", f"{HOST_IP}/24", "dev", IFACE],
+        ["ip", "addr", "add", f"{PEER_IP}/24", "dev", f"{IFACE}p"],
+        ["ip", "link", "set", IFACE, "up"],
+        ["ip", "link", "set", f"{IFACE}p", "up"],
+    ):
+        subprocess.run(command, check=True)
+
+
+# --- Ray --------------------------------------------------------------------------------------
+def _http(url: str, body: Any = None, method: str | None = None, timeout: float = 30.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(  # noqa: S310 - an address inside our own namespace
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        text = response.read().decode()
+    return json.loads(text) if text.strip() else None
+
+
+@contextlib.contextmanager
+def ray_cluster(env: dict[str, str], temp_dir: Path) -> Iterator[None]:
+    ray = Path(sys.executable).parent / "ray"
+    resources = json.dumps({"prefill": 1, "decode": 1})
+    subprocess.run(
+        [
+            str(ray),
+            "start",
+            "--head",
+            f"--node-ip-address={HOST_IP}",
+            "--port=6379",
+            "--num-cpus=12",
+            f"--resources={resources}",
+            f"--dashboard-host={HOST_IP}",
+            "--metrics-export-port=8080",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+        ],
+        env=env,
+        check=True,
+        timeout=180,
+    )
+    try:
+        yield
+    finally:
+        subprocess.run([str(ray), "stop", "--force"], env=env, check=False, timeout=120, capture_output=True)
+
+
+# An engine that cannot start: Serve would retry it for minutes before giving up.
+ENGINE_FAILED = re.compile(
+    r"createBackend: unsupported backend.*|Skipping backend registration.*|Engine core initialization failed.*"
+)
+
+
+def deploy(config: dict[str, Any], temp_dir: Path) -> None:
+    """PUT the serve config to the dashboard, as KubeRay does, and wait until the app runs."""
+    _http(f"{DASHBOARD}/api/serve/applications/", config, method="PUT", timeout=60)
+    deadline = time.monotonic() + DEPLOY_TIMEOUT_S
+    last = ""
+    while time.monotonic() < deadline:
+        fatal = ENGINE_FAILED.findall(ray_logs(temp_dir))
+        if fatal:
+            # NIXL's own line first, where there is one.
+            first = sorted(fatal, key=lambda line: "Engine core" in line)[0]
+            raise RehearsalError(f"deploy failed: an engine could not start: {first.strip()[:200]}")
+        with contextlib.suppress(OSError, ValueError):
+            status = _http(f"{DASHBOARD}/api/serve/applications/")
+            app = (status or {}).get("applications", {}).get(config["applications"][0]["name"], {})
+            last = str(app.get("status"))
+            if last == "RUNNING":
+                return
+            if last == "DEPLOY_FAILED":
+                raise RehearsalError(f"deploy failed: {(app.get('message') or '').strip().splitlines()[-1:]}")
+        time.sleep(5)
+    raise RehearsalError(f"the app was not RUNNING after {DEPLOY_TIMEOUT_S:.0f} s (last status {last})")
+
+
+# --- Checks: verify's own functions -------------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    checks: list[Any]
+    log_lines: list[str]
+    metrics: dict[str, float | None]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def ray_logs(temp_dir: Path) -> str:
+    logs = temp_dir / "session_latest" / "logs"
+    parts = []
+    for pattern in ("*.out", "*.err", "serve/*.log"):
+        for path in sorted(logs.glob(pattern)):
+            with contextlib.suppress(OSError):
+                parts.append(path.read_text(errors="replace"))
+    return "\n".join(parts)
+
+
+def replica_ids(prefix: str) -> list[str]:
+    """Serve's replica ids of the deployments whose name starts with prefix (e.g. "Prefill:")."""
+    status = _http(f"{DASHBOARD}/api/serve/applications/")
+    found = []
+    for app in (status or {}).get("applications", {}).values():
+        for name, deployment in app.get("deployments", {}).items():
+            if name.startswith(prefix):
+                found += [str(r.get("replica_id")) for r in deployment.get("replicas", [])]
+    return found
+
+
+def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
+    from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, http_json, metric_total
+    from tools.verify import (
+        Check,
+        _chat_check,
+        _models_check,
+        metrics_check,
+        nixl_log_findings,
+        poll_until_grown,
+        prefill_check,
+    )
+
+    def metrics_text() -> str:
+        with urllib.request.urlopen(METRICS, timeout=30) as response:
+            return str(response.read().decode())
+
+    # Both engines share this node's metrics endpoint: count prefill's replicas only.
+    prefill = frozenset(replica_ids("Prefill:"))
+
+    def prefill_tokens() -> float | None:
+        return metric_total(metrics_text(), PROMPT_TOKENS, "ReplicaId", prefill)
+
+    before = NixlSnapshot.of(metrics_text())
+    prompt_before = prefill_tokens()
+    checks = [_models_check(http_json(f"{SERVE}/v1/models", timeout=REQUEST_TIMEOUT_S), model_id)]
+    checks.append(_chat_check(SERVE, model_id))
+    after = poll_until_grown(lambda: NixlSnapshot.of(metrics_text()), before)
+    checks.append(metrics_check(before, after))
+    checks.append(prefill_check(prompt_before, prefill_tokens()))
+    text = ray_logs(temp_dir)
+    findings = nixl_log_findings(text, expected_provider)
+    checks.insert(0, Check("NIXL LIBFABRIC backend, no fallback", not findings.problems, "; ".join(findings.problems)))
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if any(k in line for k in ("was instantiated", "rails using provider", "Skipping backend", "TCP fallback"))
+    ]
+    metrics: dict[str, float | None] = {
+        "transfers_before": before.transfers,
+        "transfers_after": after.transfers,
+        "failed": after.failed,
+    }
+    samples = [
+        line for line in metrics_text().splitlines() if "prompt_tokens_total" in line and not line.startswith("#")
+    ]
+    print("prompt token samples:", *samples[:6], sep="\n  ")
+    return Outcome(checks, sorted(set(lines))[:12], metrics)
+
+
+# --- Main -------------------------------------------------------------------------------------
+BENCH_POINTS = ((128, 1), (512, 2))
+BENCH_OUTPUT_LEN = 16
+BENCH_PROMPTS = 4
+
+
+def short_bench(model_id: str, model_dir: Path, out: Path) -> None:
+    """tools.bench's own sweep, at two small load points: results.csv and results.png in out/."""
+    from tools import bench
+    from tools.cluster_access import NixlSnapshot
+
+    def snapshot() -> NixlSnapshot:
+        with urllib.request.urlopen(METRICS, timeout=30) as response:
+            return NixlSnapshot.of(response.read().decode())
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for input_len, concurrency in BENCH_POINTS:
+        point = bench.Point(input_len, concurrency)
+        name = f"run-{input_len}-{concurrency}.json"
+        before = snapshot()
+        command = bench.bench_command(
+            base_url=SERVE, model=model_id, point=point, output_len=BENCH_OUTPUT_LEN, num_prompts=BENCH_PROMPTS,
+            result_dir=out, result_file=name, tokenizer=str(model_dir),
+        )  # fmt: skip
+        subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True)
+        rows.append(bench.row(point, json.loads((out / name).read_text()), before, snapshot()))
+    bench.write_csv(rows, out / "results.csv")
+    bench.write_chart(rows, out / "results.png", f"CPU rehearsal: {model_id} (tiny stand-in), P/D over NIXL tcp")
+    print(f"bench: {out / 'results.csv'}, {out / 'results.png'}")
+
+
+def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
+    from tools.verify import table
+
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="pd-rehearsal-"))
+    phases: dict[str, float] = {}
+    try:
+        set_up_network()
+        libs = native.ensure()
+        phases["native"] = time.monotonic() - started
+        from rehearsal.make_model import make
+
+        model_dir = make(work / "model")
+        phases["model"] = time.monotonic() - started
+        rayservice = product_rayservice()
+        config = cpu_serve_config(rayservice, model_dir)
+        env = {**os.environ, **product_worker_env(rayservice), **CPU_ENV}
+        env["LD_LIBRARY_PATH"] = ":".join([*libs.library_dirs, env.get("LD_LIBRARY_PATH", "")])
+        apply_case(case, config, env, libs)
+        phases["config"] = time.monotonic() - started
+        temp_dir = work / "ray"
+        with ray_cluster(env, temp_dir):
+            try:
+                deploy(config, temp_dir)
+                phases["deploy"] = time.monotonic() - started
+                outcome = check(_model_id(config), temp_dir, "tcp")
+                phases["checks"] = time.monotonic() - started
+                if case == "pd" and outcome.ok and results is not None:
+                    short_bench(_model_id(config), model_dir, results)
+                    phases["bench"] = time.monotonic() - started
+            except Exception:
+                _keep_logs(temp_dir, logs_out)
+                _print_evidence(temp_dir)
+                raise
+        print(table(outcome.checks))
+        print("NIXL log lines seen:", *outcome.log_lines, sep="\n  ")
+        print(f"metrics: {outcome.metrics}")
+        print("phases (s, cumulative): " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
+        if not outcome.ok:
+            _keep_logs(temp_dir, logs_out)
+            _print_evidence(temp_dir)
+            failed = [c for c in outcome.checks if not c.ok]
+            print(f"rehearsal FAILED ({case}): {failed[0].name}: {failed[0].detail}", file=sys.stderr)
+            return 1
+        print(f"rehearsal passed ({case}) in {time.monotonic() - started:.0f} s")
+        return 0
+    except (RehearsalError, subprocess.CalledProcessError, OSError, urllib.error.URLError) as err:
+        print(f"rehearsal FAILED ({case}): {err}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _model_id(config: dict[str, Any]) -> str:
+    return str(config["applications"][0]["args"]["decode_config"]["model_loading_config"]["model_id"])
+
+
+def apply_case(case: str, config: dict[str, Any], env: dict[str, str], libs: native.Libraries) -> None:
+    """The failure cases: each breaks one thing the product relies on."""
+    args = config["applications"][0]["args"]
+    if case == "ucx":
+        for side in ("prefill", "decode"):
+            kv = args[f"{side}_config"]["engine_kwargs"]["kv_transfer_config"]
+            kv["kv_connector_extra_config"]["backends"] = ["UCX"]
+    elif case in ("wrong-side-channel", "wrong-side-channel-prewarm"):
+        # Decode looks for prefill's NIXL side channel on the wrong host.
+        env_vars = args["decode_config"].setdefault("runtime_env", {}).setdefault("env_vars", {})
+        env_vars["VLLM_NIXL_SIDE_CHANNEL_HOST"] = PEER_IP
+        env_vars["VLLM_NIXL_SIDE_CHANNEL_PORT"] = "29999"
+        if case.endswith("prewarm"):
+            # Would Ray's pre-warm stop the app on a broken KV path? (issue 10, item 11)
+            args["decode_config"].setdefault("experimental_configs", {})["_prewarm_prefill_decode"] = True
+    elif case == "no-plugin":
+        env["LD_LIBRARY_PATH"] = ":".join(d for d in env["LD_LIBRARY_PATH"].split(":") if d != libs.libfabric_dir)
+    elif case != "pd":
+        raise RehearsalError(f"unknown case {case!r}")
+
+
+# What NIXL, vLLM and Ray say when the KV path breaks: shown with a failed run.
+EVIDENCE = re.compile(
+    r"Skipping backend registration|unsupported backend|KeyError|Backend UCX was instantiated|"
+    r"handshake|NIXL_ERR|kv_load_failure|Failed to load KV|TimeoutError|No network devices"
+)
+
+
+def _print_evidence(temp_dir: Path) -> None:
+    lines = sorted({line.strip()[:300] for line in ray_logs(temp_dir).splitlines() if EVIDENCE.search(line)})
+    if lines:
+        print("what the logs say:", *lines[:10], sep="\n  ", file=sys.stderr)
+
+
+def _keep_logs(temp_dir: Path, logs_out: Path | None) -> None:
+    if logs_out is None:
+        return
+    source = temp_dir / "session_latest" / "logs"
+    if source.exists():
+        shutil.copytree(source, logs_out, dirs_exist_ok=True, symlinks=False, ignore_dangling_symlinks=True)
+        print(f"Ray and engine logs kept in {logs_out}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--case",
+        default="pd",
+        choices=["pd", "ucx", "wrong-side-channel", "wrong-side-channel-prewarm", "no-plugin"],
+    )
+    parser.add_argument("--logs", type=Path, default=None, help="where to keep the logs of a failed run")
+    parser.add_argument("--results", type=Path, default=None, help="where the P/D case writes its short bench")
+    raw = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(raw)
+    if os.environ.get(IN_NAMESPACE) != "1":
+        return in_namespace(raw)
+    return run(args.case, args.logs, args.results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
