@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from rehearsal import native
+from tools.cluster_access import RAY_METRICS_PORT
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_IP = "10.99.0.1"
@@ -45,7 +46,7 @@ PEER_IP = "10.99.0.2"
 IFACE = "rh0"
 DASHBOARD = f"http://{HOST_IP}:8265"
 SERVE = f"http://{HOST_IP}:8000"
-METRICS = f"http://{HOST_IP}:8080/metrics"
+METRICS = f"http://{HOST_IP}:{RAY_METRICS_PORT}/metrics"
 IN_NAMESPACE = "PD_REHEARSAL_IN_NETNS"
 
 # The only changes made to the product's serve config, and why (a test pins this set).
@@ -171,7 +172,7 @@ def ray_cluster(env: dict[str, str], temp_dir: Path) -> Iterator[None]:
             "--num-cpus=12",
             f"--resources={resources}",
             f"--dashboard-host={HOST_IP}",
-            "--metrics-export-port=8080",
+            f"--metrics-export-port={RAY_METRICS_PORT}",
             "--disable-usage-stats",
             f"--temp-dir={temp_dir}",
         ],
