@@ -33,11 +33,19 @@ CASES = (
     Case("pd", passes=True),
     # A product config with backends [UCX]: verify flags it.
     Case("ucx", passes=False, failure=r"UCX backend instantiated|no 'Backend LIBFABRIC", evidence=r"Backend UCX"),
+    # Prefill advertises a NIXL side channel decode cannot reach: decode's pre-warm fails its
+    # handshake and the app never comes up (issue 10, item 11).
+    Case(
+        "wrong-side-channel",
+        passes=False,
+        failure=r"deploy failed: an engine could not start or pre-warm: NIXL transfer failure: handshake_",
+        evidence=r"NIXL transfer failure: handshake_\w+",
+    ),
     # NIXL's LIBFABRIC plugin cannot load (no libfabric.so.1): NIXL's own message.
     Case(
         "no-plugin",
         passes=False,
-        failure=r"deploy failed: an engine could not start: .*(unsupported backend 'LIBFABRIC'|Skipping backend)",
+        failure=r"deploy failed: an engine could not start.*(unsupported backend 'LIBFABRIC'|Skipping backend)",
         evidence=r"createBackend: unsupported backend 'LIBFABRIC'|Skipping backend registration LIBFABRIC",
     ),
 )

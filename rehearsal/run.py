@@ -1,6 +1,6 @@
 """Run the product's own P/D application on this CPU: real vLLM engines, real NIXL LIBFABRIC transfers.
 
-    python -m rehearsal.run [--case pd|ucx|no-plugin] [--logs DIR] [--results DIR]
+    python -m rehearsal.run [--case pd|ucx|wrong-side-channel|no-plugin] [--logs DIR] [--results DIR]
 
 The serve config and the workers' environment come from the synthesized
 template (the RayService's serveConfigV2 and worker container), changed only
@@ -8,10 +8,11 @@ by CPU_DELTAS below. It is deployed the way KubeRay deploys it (PUT to the
 dashboard's /api/serve/applications/), and checked with `verify`'s own
 functions, with libfabric's tcp provider expected instead of efa.
 
-It runs inside a network namespace of its own (unshare --net, as root or
-with --map-root-user): libfabric's tcp provider refuses the loopback
-interface, so the namespace gets a veth pair with private addresses, and no
-traffic leaves it. Exit 0 when every check passes; on failure the Ray and
+It runs as two Ray nodes in two network namespaces of its own (unshare --net,
+as root or with --map-root-user), joined by a veth pair with private
+addresses, as the prefill and decode pods are on two nodes: libfabric's tcp
+provider refuses the loopback interface, an address of one node is remote to
+the other, and no traffic leaves the sandbox. Exit 0 when every check passes; on failure the Ray and
 engine logs are copied to --logs.
 """
 
@@ -41,12 +42,14 @@ from rehearsal import native
 from tools.cluster_access import RAY_METRICS_PORT
 
 ROOT = Path(__file__).resolve().parent.parent
-HOST_IP = "10.99.0.1"
-PEER_IP = "10.99.0.2"
-IFACE = "rh0"
-DASHBOARD = f"http://{HOST_IP}:8265"
-SERVE = f"http://{HOST_IP}:8000"
-METRICS = f"http://{HOST_IP}:{RAY_METRICS_PORT}/metrics"
+# Node A (this namespace): the Ray head and prefill. Node B (a second namespace): decode.
+HEAD_IP, HEAD_IFACE = "10.99.0.1", "rh0"
+WORKER_IP, WORKER_IFACE = "10.99.0.2", "rh1"
+DASHBOARD = f"http://{HEAD_IP}:8265"
+SERVE = f"http://{HEAD_IP}:8000"
+# Each node exports its own processes' metrics, as each pod does on EKS.
+PREFILL_METRICS = f"http://{HEAD_IP}:{RAY_METRICS_PORT}/metrics"
+DECODE_METRICS = f"http://{WORKER_IP}:{RAY_METRICS_PORT}/metrics"
 IN_NAMESPACE = "PD_REHEARSAL_IN_NETNS"
 
 # The only changes made to the product's serve config, and why (a test pins this set).
@@ -62,16 +65,15 @@ CPU_DELTAS: dict[str, str] = {
 }
 # Environment of the Ray processes here, beside the product's worker environment.
 CPU_ENV = {
-    "FI_PROVIDER": "tcp",  # replaces the product's efa: no EFA device here
-    "FI_TCP_IFACE": IFACE,
+    "FI_PROVIDER": "tcp",  # replaces the product's efa: no EFA device here (FI_TCP_IFACE: per node)
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
     "TORCH_COMPILE_DISABLE": "1",
     "HF_HUB_OFFLINE": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 CORES = {"prefill": "0", "decode": "1"}
+CASE_NAMES = ("pd", "ucx", "wrong-side-channel", "no-plugin")
 DEPLOY_TIMEOUT_S = 720.0
-REQUEST_TIMEOUT_S = 120.0
 
 
 class RehearsalError(RuntimeError):
@@ -125,9 +127,9 @@ def product_worker_env(rayservice: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-# --- The network namespace ----------------------------------------------------------------------
+# --- The network namespaces -----------------------------------------------------------------
 def in_namespace(argv: list[str]) -> int:
-    """Run this module again inside a new network namespace; its exit code."""
+    """Run this module again inside a new network namespace (node A); its exit code."""
     command = ["unshare", "--net"]
     if os.geteuid() != 0:
         command.append("--map-root-user")
@@ -135,16 +137,40 @@ def in_namespace(argv: list[str]) -> int:
     return subprocess.run([*command, sys.executable, "-m", "rehearsal.run", *argv], env=env, check=False).returncode
 
 
-def set_up_network() -> None:
+@dataclass
+class Nodes:
+    """Node A is this namespace (Ray head, prefill); node B a second one (decode), held open by a sleeper."""
+
+    holder: subprocess.Popen[bytes]
+
+    @property
+    def node_b(self) -> list[str]:
+        """A command prefix that runs its command in node B's namespace."""
+        return ["nsenter", f"--net=/proc/{self.holder.pid}/ns/net"]
+
+
+def set_up_network() -> Nodes:
+    """Two namespaces joined by a veth pair, as two pods on two nodes: every address of one is remote to the other."""
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+    mine = os.readlink("/proc/self/ns/net")
+    deadline = time.monotonic() + 10
+    while os.readlink(f"/proc/{holder.pid}/ns/net") == mine:
+        if time.monotonic() > deadline:
+            raise RehearsalError("the second network namespace did not come up")
+        time.sleep(0.05)
+    nodes = Nodes(holder)
     for command in (
         ["ip", "link", "set", "lo", "up"],
-        ["ip", "link", "add", IFACE, "type", "veth", "peer", "name", f"{IFACE}p"],
-        ["ip", "addr", "add", f"{HOST_IP}/24", "dev", IFACE],
-        ["ip", "addr", "add", f"{PEER_IP}/24", "dev", f"{IFACE}p"],
-        ["ip", "link", "set", IFACE, "up"],
-        ["ip", "link", "set", f"{IFACE}p", "up"],
+        ["ip", "link", "add", HEAD_IFACE, "type", "veth", "peer", "name", WORKER_IFACE],
+        ["ip", "link", "set", WORKER_IFACE, "netns", str(holder.pid)],
+        ["ip", "addr", "add", f"{HEAD_IP}/24", "dev", HEAD_IFACE],
+        ["ip", "link", "set", HEAD_IFACE, "up"],
+        [*nodes.node_b, "ip", "link", "set", "lo", "up"],
+        [*nodes.node_b, "ip", "addr", "add", f"{WORKER_IP}/24", "dev", WORKER_IFACE],
+        [*nodes.node_b, "ip", "link", "set", WORKER_IFACE, "up"],
     ):
         subprocess.run(command, check=True)
+    return nodes
 
 
 # --- Ray --------------------------------------------------------------------------------------
@@ -159,55 +185,71 @@ def _http(url: str, body: Any = None, method: str | None = None, timeout: float 
 
 
 @contextlib.contextmanager
-def ray_cluster(env: dict[str, str], temp_dir: Path) -> Iterator[None]:
-    ray = Path(sys.executable).parent / "ray"
-    resources = json.dumps({"prefill": 1, "decode": 1})
-    subprocess.run(
-        [
-            str(ray),
-            "start",
-            "--head",
-            f"--node-ip-address={HOST_IP}",
-            "--port=6379",
-            "--num-cpus=12",
-            f"--resources={resources}",
-            f"--dashboard-host={HOST_IP}",
-            f"--metrics-export-port={RAY_METRICS_PORT}",
-            "--disable-usage-stats",
-            f"--temp-dir={temp_dir}",
-        ],
-        env=env,
-        check=True,
-        timeout=180,
-    )
+def ray_cluster(env: dict[str, str], temp_dir: Path, nodes: Nodes) -> Iterator[None]:
+    """The Ray head with prefill's resource on node A, a worker with decode's on node B, as KubeRay's groups."""
+    ray = str(Path(sys.executable).parent / "ray")
+    common = ["--num-cpus=6", f"--metrics-export-port={RAY_METRICS_PORT}", "--disable-usage-stats"]
+    head = [
+        ray, "start", "--head", f"--node-ip-address={HEAD_IP}", "--port=6379", f"--dashboard-host={HEAD_IP}",
+        f"--temp-dir={temp_dir}", f"--resources={json.dumps({'prefill': 1})}", *common,
+    ]  # fmt: skip
+    worker = [
+        *nodes.node_b, ray, "start", f"--address={HEAD_IP}:6379", f"--node-ip-address={WORKER_IP}",
+        f"--resources={json.dumps({'decode': 1})}", *common,
+    ]  # fmt: skip
     try:
+        subprocess.run(head, env={**env, "FI_TCP_IFACE": HEAD_IFACE}, check=True, timeout=180)
+        subprocess.run(worker, env={**env, "FI_TCP_IFACE": WORKER_IFACE}, check=True, timeout=180)
         yield
     finally:
-        subprocess.run([str(ray), "stop", "--force"], env=env, check=False, timeout=120, capture_output=True)
-        kill_namespace_processes()
+        # Not `ray stop`: it finds Ray processes by name on the whole machine, other
+        # namespaces included, and would stop any other Ray running here.
+        kill_namespace_processes(f"/proc/{nodes.holder.pid}/ns/net", nodes.holder.pid)
 
 
-def kill_namespace_processes() -> int:
-    """Kill every other process in this network namespace: `ray stop` leaves vLLM's worker processes
-    (children of the engine cores) running, and they would slow every later case."""
-    mine = os.readlink("/proc/self/ns/net")
-    killed = 0
+def _parents() -> dict[int, int]:
+    found = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), os.getppid()):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    return found
+
+
+def kill_namespace_processes(other: str, holder_pid: int) -> int:
+    """Kill every process left in this network namespace and in node B's: Ray's daemons, the engines
+    and vLLM's worker processes, which would otherwise slow every later case. Our own descendants
+    (jsii's Node process) end with us and are spared; Ray's daemons were reparented."""
+    namespaces = {os.readlink("/proc/self/ns/net"), os.readlink(other)}
+    parents = _parents()
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == holder_pid:
+                return False
+            if pid == os.getpid():
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    killed = 0
+    for pid in parents:
+        if pid in (os.getpid(), os.getppid()) or ours(pid):
             continue
         try:
-            if os.readlink(entry / "ns" / "net") != mine:
-                continue
-            os.kill(int(entry.name), signal.SIGKILL)
-            killed += 1
+            if os.readlink(f"/proc/{pid}/ns/net") in namespaces:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
         except OSError:
             continue
     return killed
 
 
-# An engine that cannot start: Serve would retry it for minutes before giving up.
+# An engine that cannot start, or decode's pre-warm through prefill failing: Serve would
+# retry the replica for minutes before giving up.
 ENGINE_FAILED = re.compile(
-    r"createBackend: unsupported backend.*|Skipping backend registration.*|Engine core initialization failed.*"
+    r"createBackend: unsupported backend.*|Skipping backend registration.*|Engine core initialization failed.*|"
+    r"NIXL transfer failure: handshake_\w+"
 )
 
 
@@ -221,7 +263,7 @@ def deploy(config: dict[str, Any], temp_dir: Path) -> None:
         if fatal:
             # NIXL's own line first, where there is one.
             first = sorted(fatal, key=lambda line: "Engine core" in line)[0]
-            raise RehearsalError(f"deploy failed: an engine could not start: {first.strip()[:200]}")
+            raise RehearsalError(f"deploy failed: an engine could not start or pre-warm: {first.strip()[:200]}")
         with contextlib.suppress(OSError, ValueError):
             status = _http(f"{DASHBOARD}/api/serve/applications/")
             app = (status or {}).get("applications", {}).get(config["applications"][0]["name"], {})
@@ -256,22 +298,12 @@ def ray_logs(temp_dir: Path) -> str:
     return "\n".join(parts)
 
 
-def replica_ids(prefix: str) -> list[str]:
-    """Serve's replica ids of the deployments whose name starts with prefix (e.g. "Prefill:")."""
-    status = _http(f"{DASHBOARD}/api/serve/applications/")
-    found = []
-    for app in (status or {}).get("applications", {}).values():
-        for name, deployment in app.get("deployments", {}).items():
-            if name.startswith(prefix):
-                found += [str(r.get("replica_id")) for r in deployment.get("replicas", [])]
-    return found
-
-
 def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
     from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, http_json, metric_total
     from tools.verify import (
         Check,
         _chat_check,
+        _guard,
         _models_check,
         metrics_check,
         nixl_log_findings,
@@ -279,21 +311,23 @@ def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
         prefill_check,
     )
 
-    def metrics_text() -> str:
-        with urllib.request.urlopen(METRICS, timeout=30) as response:
+    def metrics_text(url: str) -> str:
+        with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - our namespaces
             return str(response.read().decode())
 
-    # Both engines share this node's metrics endpoint: count prefill's replicas only.
-    prefill = frozenset(replica_ids("Prefill:"))
+    def decode_counters() -> NixlSnapshot:
+        return NixlSnapshot.of(metrics_text(DECODE_METRICS))
 
     def prefill_tokens() -> float | None:
-        return metric_total(metrics_text(), PROMPT_TOKENS, "ReplicaId", prefill)
+        return metric_total(metrics_text(PREFILL_METRICS), PROMPT_TOKENS)
 
-    before = NixlSnapshot.of(metrics_text())
+    before = decode_counters()
     prompt_before = prefill_tokens()
-    checks = [_models_check(http_json(f"{SERVE}/v1/models", timeout=REQUEST_TIMEOUT_S), model_id)]
-    checks.append(_chat_check(SERVE, model_id))
-    after = poll_until_grown(lambda: NixlSnapshot.of(metrics_text()), before)
+    checks = [
+        _guard("GET /v1/models", lambda: _models_check(http_json(f"{SERVE}/v1/models", timeout=120), model_id)),
+        _guard("POST /v1/chat/completions", lambda: _chat_check(SERVE, model_id)),
+    ]
+    after = poll_until_grown(decode_counters, before)
     checks.append(metrics_check(before, after))
     checks.append(prefill_check(prompt_before, prefill_tokens()))
     text = ray_logs(temp_dir)
@@ -309,10 +343,6 @@ def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
         "transfers_after": after.transfers,
         "failed": after.failed,
     }
-    samples = [
-        line for line in metrics_text().splitlines() if "prompt_tokens_total" in line and not line.startswith("#")
-    ]
-    print("prompt token samples:", *samples[:6], sep="\n  ")
     return Outcome(checks, sorted(set(lines))[:12], metrics)
 
 
@@ -328,7 +358,7 @@ def short_bench(model_id: str, model_dir: Path, out: Path) -> None:
     from tools.cluster_access import NixlSnapshot
 
     def snapshot() -> NixlSnapshot:
-        with urllib.request.urlopen(METRICS, timeout=30) as response:
+        with urllib.request.urlopen(DECODE_METRICS, timeout=30) as response:
             return NixlSnapshot.of(response.read().decode())
 
     out.mkdir(parents=True, exist_ok=True)
@@ -355,7 +385,7 @@ def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="pd-rehearsal-"))
     phases: dict[str, float] = {}
     try:
-        set_up_network()
+        nodes = set_up_network()
         libs = native.ensure()
         phases["native"] = time.monotonic() - started
         from rehearsal.make_model import make
@@ -369,7 +399,7 @@ def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
         apply_case(case, config, env, libs)
         phases["config"] = time.monotonic() - started
         temp_dir = work / "ray"
-        with ray_cluster(env, temp_dir):
+        with ray_cluster(env, temp_dir, nodes):
             try:
                 deploy(config, temp_dir)
                 phases["deploy"] = time.monotonic() - started
@@ -412,6 +442,11 @@ def apply_case(case: str, config: dict[str, Any], env: dict[str, str], libs: nat
         for side in ("prefill", "decode"):
             kv = args[f"{side}_config"]["engine_kwargs"]["kv_transfer_config"]
             kv["kv_connector_extra_config"]["backends"] = ["UCX"]
+    elif case == "wrong-side-channel":
+        # Prefill advertises a side-channel host decode cannot reach (ray-project/ray#60817):
+        # its own loopback, which on decode's node is decode's loopback.
+        env_vars = args["prefill_config"].setdefault("runtime_env", {}).setdefault("env_vars", {})
+        env_vars["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
     elif case == "no-plugin":
         env["LD_LIBRARY_PATH"] = ":".join(d for d in env["LD_LIBRARY_PATH"].split(":") if d != libs.libfabric_dir)
     elif case != "pd":
@@ -421,7 +456,7 @@ def apply_case(case: str, config: dict[str, Any], env: dict[str, str], libs: nat
 # What NIXL, vLLM and Ray say when the KV path breaks: shown with a failed run.
 EVIDENCE = re.compile(
     r"Skipping backend registration|unsupported backend|KeyError|Backend UCX was instantiated|"
-    r"handshake|NIXL_ERR|kv_load_failure|Failed to load KV|TimeoutError|No network devices"
+    r"NIXL transfer failure: \w+|NIXL_ERR|Failed to load KV|No network devices"
 )
 
 
@@ -442,7 +477,7 @@ def _keep_logs(temp_dir: Path, logs_out: Path | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--case", default="pd", choices=["pd", "ucx", "no-plugin"])
+    parser.add_argument("--case", default="pd", choices=CASE_NAMES)
     parser.add_argument("--logs", type=Path, default=None, help="where to keep the logs of a failed run")
     parser.add_argument("--results", type=Path, default=None, help="where the P/D case writes its short bench")
     raw = sys.argv[1:] if argv is None else argv

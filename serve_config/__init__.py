@@ -88,6 +88,8 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
     }
     config["accelerator_type"] = settings.gpu_instance.ray_accelerator_type
     config["deployment_config"] = {"num_replicas": replicas(settings, side)}
+    if data["sides"][side]["experimental_configs"]:
+        config["experimental_configs"] = data["sides"][side]["experimental_configs"]
     return config
 
 

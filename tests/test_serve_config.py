@@ -325,3 +325,19 @@ def test_vllm_rejects_a_misspelled_engine_argument(rayservice: dict[str, Any]) -
 def test_serve_data_files_are_the_ones_loaded() -> None:
     here = Path(serve_config.__file__).parent
     assert yaml.safe_load((here / "pd_application.yaml").read_text()) == serve_config.application_data()
+
+
+def test_decode_prewarms_through_prefill_and_prefill_does_not(rayservice: dict[str, Any]) -> None:
+    """Decode's start-up round trip makes a broken KV path fail the deploy (the rehearsal proves it)."""
+    args = _args(rayservice)
+    assert args["decode_config"]["experimental_configs"] == {"_prewarm_prefill_decode": True}
+    assert "experimental_configs" not in args["prefill_config"]
+
+
+@serve
+def test_llm_config_accepts_the_prewarm_setting(rayservice: dict[str, Any]) -> None:
+    require_serve_deps()
+    from ray.serve.llm import LLMConfig
+
+    config = LLMConfig.model_validate(copy.deepcopy(_args(rayservice)["decode_config"]))
+    assert config.experimental_configs.get("_prewarm_prefill_decode") is True

@@ -221,14 +221,3 @@ def test_without_a_cluster_the_tools_end_in_one_line(tmp_path: Path, tool: str) 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert "aws eks update-kubeconfig --name pd-inference" in lines[0]
-
-
-def test_metric_total_can_count_some_replicas_only() -> None:
-    """In the rehearsal both engines share one node's metrics endpoint; Ray labels each sample with ReplicaId."""
-    text = (
-        'ray_vllm_prompt_tokens_total{ReplicaId="p1",model_name="m"} 360.0\n'
-        'ray_vllm_prompt_tokens_total{ReplicaId="d1",model_name="m"} 360.0\n'
-    )
-    assert metric_total(text, "vllm:prompt_tokens") == 720.0
-    assert metric_total(text, "vllm:prompt_tokens", "ReplicaId", frozenset({"p1"})) == 360.0
-    assert metric_total(text, "vllm:prompt_tokens", "ReplicaId", frozenset({"x"})) is None

@@ -104,19 +104,13 @@ def _metric_names(name: str) -> set[str]:
     return names | {f"{n}_total" for n in names}
 
 
-def metric_total(text: str, name: str, label: str = "", values: frozenset[str] | None = None) -> float | None:
-    """Sum of one metric over its label sets, under any of the names Ray or vLLM give it; None if absent.
-
-    With label and values, only samples whose label is one of values count (e.g. Ray's
-    ReplicaId, where several replicas share one node's metrics endpoint).
-    """
+def metric_total(text: str, name: str) -> float | None:
+    """Sum of one metric over all its label sets, under any of the names Ray or vLLM give it; None if absent."""
     wanted = _metric_names(name)
     found = False
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if label and values is not None and sample.labels.get(label) not in values:
-                continue
             if sample.name in wanted:
                 found = True
                 total += sample.value
