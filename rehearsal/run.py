@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from rehearsal import native
+from serve_config import SERVE_PORT
 from tools.cluster_access import RAY_METRICS_PORT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HEAD_IP, HEAD_IFACE = "10.99.0.1", "rh0"
 WORKER_IP, WORKER_IFACE = "10.99.0.2", "rh1"
 DASHBOARD = f"http://{HEAD_IP}:8265"
-SERVE = f"http://{HEAD_IP}:8000"
+SERVE = f"http://{HEAD_IP}:{SERVE_PORT}"
 # Each node exports its own processes' metrics, as each pod does on EKS.
 PREFILL_METRICS = f"http://{HEAD_IP}:{RAY_METRICS_PORT}/metrics"
 DECODE_METRICS = f"http://{WORKER_IP}:{RAY_METRICS_PORT}/metrics"
@@ -356,6 +357,7 @@ def short_bench(model_id: str, model_dir: Path, out: Path) -> None:
     """tools.bench's own sweep, at two small load points: results.csv and results.png in out/."""
     from tools import bench
     from tools.cluster_access import NixlSnapshot
+    from tools.verify import poll_until_grown
 
     def snapshot() -> NixlSnapshot:
         with urllib.request.urlopen(DECODE_METRICS, timeout=30) as response:
@@ -372,7 +374,9 @@ def short_bench(model_id: str, model_dir: Path, out: Path) -> None:
             result_dir=out, result_file=name, tokenizer=str(model_dir),
         )  # fmt: skip
         subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True)
-        rows.append(bench.row(point, json.loads((out / name).read_text()), before, snapshot()))
+        # Ray exports counters every 10 s: wait for this point's transfers before the next point.
+        after = poll_until_grown(snapshot, before)
+        rows.append(bench.row(point, json.loads((out / name).read_text()), before, after))
     bench.write_csv(rows, out / "results.csv")
     bench.write_chart(rows, out / "results.png", f"CPU rehearsal: {model_id} (tiny stand-in), P/D over NIXL tcp")
     print(f"bench: {out / 'results.csv'}, {out / 'results.png'}")

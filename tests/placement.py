@@ -9,7 +9,6 @@ order, each replica on the eligible node with the most CPU left.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -381,23 +380,3 @@ def place(nodes: list[Node], workloads: Iterable[Workload], device_plugins: Mapp
             _bind(node, workload.name, workload.spec)
             result.placed[workload.name].append(node.name)
     return result
-
-
-def headroom(placement: Placement) -> dict[str, tuple[float, float]]:
-    """Per node group, the smallest CPU (cores) and memory (GiB) left on any of its nodes."""
-    rows: dict[str, tuple[float, float]] = {}
-    for node in placement.nodes:
-        cpu, mem = node.free("cpu") / 1000, node.free("memory") / GIB
-        old = rows.get(node.group)
-        rows[node.group] = (cpu, mem) if old is None else (min(old[0], cpu), min(old[1], mem))
-    return rows
-
-
-def describe(placement: Placement) -> str:
-    return json.dumps(
-        {
-            n.name: {"pods": n.pods, "cpu_left": n.free("cpu"), "mem_left_gib": n.free("memory") / GIB}
-            for n in placement.nodes
-        },
-        indent=1,
-    )

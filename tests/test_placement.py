@@ -161,10 +161,3 @@ def test_every_affinity_operator(expression: dict[str, Any], labels: dict[str, s
         }
     }
     assert placement.required_affinity_matches(spec, labels) is matches
-
-
-def test_headroom_on_defaults_is_reported() -> None:
-    rows = placement.headroom(placed())
-    for cpu, memory in rows.values():
-        assert cpu >= 0 and memory >= 0
-    print(rows)
