@@ -306,8 +306,10 @@ def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
         _chat_check,
         _guard,
         _models_check,
+        grew,
         metrics_check,
         nixl_log_findings,
+        poll,
         poll_until_grown,
         prefill_check,
     )
@@ -323,14 +325,16 @@ def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
         return metric_total(metrics_text(PREFILL_METRICS), PROMPT_TOKENS)
 
     before = decode_counters()
-    prompt_before = prefill_tokens()
+    # Decode's pre-warm already went through prefill: wait for Ray to export that, so that only
+    # the chat below can make prefill's count grow.
+    prompt_before = poll(prefill_tokens, lambda value: value is not None)
     checks = [
         _guard("GET /v1/models", lambda: _models_check(http_json(f"{SERVE}/v1/models", timeout=120), model_id)),
         _guard("POST /v1/chat/completions", lambda: _chat_check(SERVE, model_id)),
     ]
     after = poll_until_grown(decode_counters, before)
     checks.append(metrics_check(before, after))
-    checks.append(prefill_check(prompt_before, prefill_tokens()))
+    checks.append(prefill_check(prompt_before, poll(prefill_tokens, grew(prompt_before))))
     text = ray_logs(temp_dir)
     findings = nixl_log_findings(text, expected_provider)
     checks.insert(0, Check("NIXL LIBFABRIC backend, no fallback", not findings.problems, "; ".join(findings.problems)))

@@ -221,3 +221,13 @@ def test_without_a_cluster_the_tools_end_in_one_line(tmp_path: Path, tool: str) 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert "aws eks update-kubeconfig --name pd-inference" in lines[0]
+
+
+def test_prefill_tokens_are_polled_until_they_grow() -> None:
+    from tools.verify import grew, poll
+
+    readings = iter([None, 1.0, 1.0, 180.0])
+    slept: list[float] = []
+    assert poll(lambda: next(readings), grew(1.0), sleep=slept.append) == 180.0
+    assert slept == [2.0, 2.0, 2.0]
+    assert grew(None)(1.0) and not grew(1.0)(1.0) and not grew(None)(None)

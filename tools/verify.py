@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, serve_service_name
 from settings import Settings, settings_from_cli
@@ -55,6 +55,7 @@ _TCP_PROVIDER = re.compile(r"provider\W{0,3}(tcp|sockets|udp)\b", re.IGNORECASE)
 # nixl's libfabric rail manager: "Created 2 rails using provider=efa" (INFO).
 _RAILS = re.compile(r"rails using provider\W{0,2}(\w+)")
 _TCP_FALLBACK = re.compile(r"\(TCP fallback\)")
+T = TypeVar("T")
 # The provider the GPU nodes' libfabric must use; the CPU rehearsal passes tcp.
 DEFAULT_PROVIDER = "efa"
 # How long Ray takes to export a counter (metrics_report_interval_ms, 10 s), with margin.
@@ -132,6 +133,24 @@ def driver_check(versions: dict[str, str], minimum: int) -> Check:
     return Check(f"NVIDIA driver >= {minimum}", bool(versions) and not problems, detail or "no workers")
 
 
+def poll(
+    read: Callable[[], T],
+    done: Callable[[T], bool],
+    *,
+    timeout: float = METRICS_WAIT_SECONDS,
+    interval: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Read until done(reading) or the timeout passes (Ray exports metrics every 10 s); the last reading."""
+    waited = 0.0
+    value = read()
+    while not done(value) and waited < timeout:
+        sleep(interval)
+        waited += interval
+        value = read()
+    return value
+
+
 def poll_until_grown(
     read: Callable[[], NixlSnapshot],
     before: NixlSnapshot,
@@ -140,14 +159,13 @@ def poll_until_grown(
     interval: float = 2.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> NixlSnapshot:
-    """Read the counters until the transfer count grows or the timeout passes; the last reading."""
-    waited = 0.0
-    after = read()
-    while after.transfers <= before.transfers and waited < timeout:
-        sleep(interval)
-        waited += interval
-        after = read()
-    return after
+    """Read decode's counters until the transfer count grows or the timeout passes; the last reading."""
+    return poll(read, lambda after: after.transfers > before.transfers, timeout=timeout, interval=interval, sleep=sleep)
+
+
+def grew(before: float | None) -> Callable[[float | None], bool]:
+    """A done() for poll: the counter exists and is above before."""
+    return lambda after: after is not None and after > (before or 0.0)
 
 
 def prefill_check(before: float | None, after: float | None) -> Check:
@@ -258,7 +276,7 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
     checks += [models, chat]
     after = poll_until_grown(decode_counters, before)
     checks.append(metrics_check(before, after))
-    checks.append(prefill_check(prefill_before, prefill_tokens()))
+    checks.append(prefill_check(prefill_before, poll(prefill_tokens, grew(prefill_before))))
     return checks
 
 
