@@ -303,11 +303,11 @@ def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
     from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, http_json, metric_total
     from tools.verify import (
         Check,
-        _chat_check,
-        _guard,
-        _models_check,
+        chat_check,
         grew,
+        guard,
         metrics_check,
+        models_check,
         nixl_log_findings,
         poll,
         poll_until_grown,
@@ -329,8 +329,8 @@ def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
     # the chat below can make prefill's count grow.
     prompt_before = poll(prefill_tokens, lambda value: value is not None)
     checks = [
-        _guard("GET /v1/models", lambda: _models_check(http_json(f"{SERVE}/v1/models", timeout=120), model_id)),
-        _guard("POST /v1/chat/completions", lambda: _chat_check(SERVE, model_id)),
+        guard("GET /v1/models", lambda: models_check(http_json(f"{SERVE}/v1/models", timeout=120), model_id)),
+        guard("POST /v1/chat/completions", lambda: chat_check(SERVE, model_id)),
     ]
     after = poll_until_grown(decode_counters, before)
     checks.append(metrics_check(before, after))

@@ -209,7 +209,7 @@ def metrics_check(before: NixlSnapshot, after: NixlSnapshot) -> Check:
     return Check("decode pulled KV over NIXL", ok, detail)
 
 
-def _guard(name: str, fn: Callable[[], Check]) -> Check:
+def guard(name: str, fn: Callable[[], Check]) -> Check:
     try:
         return fn()
     except Exception as err:
@@ -233,7 +233,7 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
             "NIXL LIBFABRIC backend, no fallback", not problems, "; ".join(problems) or "LIBFABRIC on every worker"
         )
 
-    checks.append(_guard("NIXL LIBFABRIC backend, no fallback", logs))
+    checks.append(guard("NIXL LIBFABRIC backend, no fallback", logs))
 
     def drivers() -> Check:
         versions = {
@@ -252,7 +252,7 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
         }
         return driver_check(versions, IMAGE_MIN_NVIDIA_DRIVER)
 
-    checks.append(_guard(f"NVIDIA driver >= {IMAGE_MIN_NVIDIA_DRIVER}", drivers))
+    checks.append(guard(f"NVIDIA driver >= {IMAGE_MIN_NVIDIA_DRIVER}", drivers))
 
     decode = groups.get(DECODE, [])
     decode_pod = decode[0]["metadata"]["name"] if decode else ""
@@ -268,11 +268,11 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
     before = decode_counters()
     prefill_before = prefill_tokens()
     with port_forward(settings, serve_service_name(settings), SERVE_PORT) as base:
-        models = _guard(
+        models = guard(
             "GET /v1/models",
-            lambda: _models_check(http_json(f"{base}/v1/models"), settings.model_id),
+            lambda: models_check(http_json(f"{base}/v1/models"), settings.model_id),
         )
-        chat = _guard("POST /v1/chat/completions", lambda: _chat_check(base, settings.model_id))
+        chat = guard("POST /v1/chat/completions", lambda: chat_check(base, settings.model_id))
     checks += [models, chat]
     after = poll_until_grown(decode_counters, before)
     checks.append(metrics_check(before, after))
@@ -280,12 +280,12 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
     return checks
 
 
-def _models_check(body: dict[str, Any], model_id: str) -> Check:
+def models_check(body: dict[str, Any], model_id: str) -> Check:
     ids = [m.get("id") for m in body.get("data", [])]
     return Check("GET /v1/models", model_id in ids, f"models: {ids}")
 
 
-def _chat_check(base: str, model_id: str) -> Check:
+def chat_check(base: str, model_id: str) -> Check:
     prompt = "Explain in two sentences why prefill and decode are split across GPUs. " * 8
     body = http_json(
         f"{base}/v1/chat/completions",
