@@ -8,7 +8,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 CDK := $(abspath node_modules/.bin/cdk)
 
-.PHONY: setup setup-serve synth test test-fast rehearse lint fetch-schemas schemas review handoff plan verify bench benchmark clean
+.PHONY: setup setup-serve synth test test-fast rehearse lint fetch-schemas schemas review handoff preflight plan verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,11 @@ review: setup
 ## The synthesized template, asset manifest and assets in handoff/, for a platform team.
 handoff: synth
 	$(BIN)/python -m tools.handoff
+
+## Before `cdk deploy`: read-only checks of the account (quotas, AZ offerings, bootstrap, ...).
+## PREFLIGHT_ARGS: -c key=value pairs, --write-context (records the GPU AZ and region in cdk.context.json).
+preflight: setup
+	$(BIN)/python -m tools.preflight $(CDK_ARGS) $(PREFLIGHT_ARGS)
 
 ## The KV-transfer budget for the current settings (also printed at synth).
 plan: setup

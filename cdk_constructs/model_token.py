@@ -25,6 +25,9 @@ class ModelTokenSync(Construct):
     Args:
         cluster: the cluster.
         secret_name: the Secrets Manager secret (its whole string value is the token).
+        kms_key_arn: the customer-managed KMS key that encrypts the secret; the
+            role may decrypt with it only through Secrets Manager. Default None:
+            the secret uses Secrets Manager's AWS managed key, which needs no grant.
         namespace: where the Kubernetes Secret is made (the serving namespace).
         target_secret / target_key: the Kubernetes Secret and key the pods read.
         system_node_labels: where the operator runs.
@@ -42,6 +45,7 @@ class ModelTokenSync(Construct):
         *,
         cluster: eks.Cluster,
         secret_name: str,
+        kms_key_arn: str | None = None,
         namespace: str,
         target_secret: str,
         target_key: str,
@@ -65,6 +69,14 @@ class ModelTokenSync(Construct):
                 actions=["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"], resources=[secret_arn]
             )
         )
+        if kms_key_arn is not None:
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["kms:Decrypt"],
+                    resources=[kms_key_arn],
+                    conditions={"StringEquals": {"kms:ViaService": f"secretsmanager.{Aws.REGION}.amazonaws.com"}},
+                )
+            )
         values = {"global": {"nodeSelector": dict(system_node_labels)}, "serviceAccount": {"name": service_account}}
         # The chart's validating webhook fails closed: the SecretStore below is
         # refused ("no endpoints available") until the webhook pod is ready.

@@ -1,13 +1,24 @@
 """Typed, validated settings for the stack (see README "Settings")."""
 
-from settings.loading import SETTINGS_FILE_KEY, read_settings_file, settings_from, settings_from_cli
+from settings.loading import (
+    CONTEXT_FILE,
+    SETTINGS_FILE_KEY,
+    context_with,
+    project_context,
+    read_settings_file,
+    settings_from,
+    settings_from_cli,
+)
 from settings.model import SETTING_NAMES, Settings, SettingsError, validate
 
 __all__ = [
+    "CONTEXT_FILE",
     "SETTINGS_FILE_KEY",
     "SETTING_NAMES",
     "Settings",
     "SettingsError",
+    "context_with",
+    "project_context",
     "read_settings_file",
     "settings_from",
     "settings_from_cli",

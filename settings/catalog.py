@@ -230,3 +230,40 @@ REGION_AZS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "ap-south-1": ("ap-south-1a", "ap-south-1b", "ap-south-1c"),
     }
 )
+
+
+# --- Account (tools/preflight) -------------------------------------------------
+# The default synthesizer's qualifier, and the bootstrap versions a synthesized
+# assembly requires (cdk.out/manifest.json requiresBootstrapStackVersion: 6 to
+# deploy and publish assets, 8 for the lookup role an existing VPC's lookup
+# assumes). A test reads both back from a synthesized assembly.
+CDK_BOOTSTRAP_QUALIFIER = "hnb659fds"
+CDK_BOOTSTRAP_MIN_VERSION = 6
+CDK_BOOTSTRAP_LOOKUP_MIN_VERSION = 8
+
+
+@dataclass(frozen=True)
+class Quota:
+    """One Service Quotas quota, by service and quota code, with its console name and a short label."""
+
+    service: str
+    code: str
+    name: str
+    label: str
+
+
+# Service Quotas codes (AWS General Reference, "Amazon EC2 endpoints and quotas"
+# and "Amazon VPC endpoints and quotas"; ../shared/FACTS.md for the two vCPU quotas).
+GVT_VCPUS = Quota("ec2", "L-DB2E81BA", "Running On-Demand G and VT instances", "G and VT vCPUs")
+STANDARD_VCPUS = Quota(
+    "ec2", "L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", "standard vCPUs"
+)
+ELASTIC_IPS = Quota("ec2", "L-0263D0A3", "EC2-VPC Elastic IPs", "Elastic IPs")
+VPCS = Quota("vpc", "L-F678F1CE", "VPCs per Region", "VPCs")
+INTERNET_GATEWAYS = Quota("vpc", "L-A4707A72", "Internet gateways per Region", "internet gateways")
+NAT_GATEWAYS_PER_AZ = Quota("vpc", "L-FE5A380F", "NAT gateways per Availability Zone", "NAT gateways per AZ")
+# A managed node group update (new AMI, launch template) first raises the group's
+# size by the larger of twice its number of AZs or maxUnavailable (default 1),
+# and only then drains old nodes (EKS user guide, "Understand each phase of node
+# updates", scale up phase): up to two extra nodes per AZ at once.
+NODE_UPDATE_SURGE_PER_AZ = 2

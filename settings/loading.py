@@ -1,8 +1,12 @@
 """Build Settings from a settings file and CDK context (-c key=value).
 
-Precedence: defaults < settings file < -c on the command line. Every value
-from the command line arrives as a string and is coerced to the field's type
-here, so the rest of the code only sees typed values.
+Precedence: defaults < settings file < context. The context is what the CDK
+CLI hands the app, merged as the pinned CLI merges it
+(aws-cdk lib/cli/user-configuration.js: the first source that has a key
+wins): -c on the command line, then cdk.json's "context", then
+cdk.context.json (where `tools.preflight --write-context` records the GPU AZ
+and region). Every value from the command line arrives as a string and is
+coerced to the field's type here, so the rest of the code only sees typed values.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import yaml
 from settings.model import SETTING_NAMES, Settings, SettingsError, validate
 
 SETTINGS_FILE_KEY = "settings_file"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The CDK's own file of lookup answers; each deployment keeps its own.
+CONTEXT_FILE = "cdk.context.json"
 
 # Context keys that belong to the CDK itself, not to us.
 _CDK_OWNED_PREFIXES = ("@aws-cdk", "aws:cdk", "aws-cdk", "cdk-", "@")
@@ -134,13 +141,30 @@ def settings_from(context: Mapping[str, Any]) -> Settings:
     return validate(Settings(**typed))
 
 
-def settings_from_cli(pairs: list[str], cdk_json: Path | None = None) -> Settings:
-    """Settings for a command run beside the stack: cdk.json's context plus `-c key=value` pairs."""
-    path = cdk_json or Path(__file__).resolve().parent.parent / "cdk.json"
-    context: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))["context"]
+def project_context(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """The context the CDK CLI reads from files: cdk.json's "context" over cdk.context.json."""
+    context: dict[str, Any] = {}
+    context_file = root / CONTEXT_FILE
+    if context_file.exists():
+        try:
+            context.update(json.loads(context_file.read_text(encoding="utf-8")))
+        except json.JSONDecodeError as err:
+            raise SettingsError(CONTEXT_FILE, str(context_file), f"a JSON object ({err.msg})") from None
+    context.update(json.loads((root / "cdk.json").read_text(encoding="utf-8"))["context"])
+    return context
+
+
+def context_with(pairs: list[str], root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """The project's context with `-c key=value` pairs on top, as `cdk synth -c` merges them."""
+    context = project_context(root)
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise SettingsError(key, pair, "-c key=value")
         context[key] = value
-    return settings_from(context)
+    return context
+
+
+def settings_from_cli(pairs: list[str], root: Path = PROJECT_ROOT) -> Settings:
+    """Settings for a command run beside the stack, read as `cdk synth -c ...` would read them."""
+    return settings_from(context_with(pairs, root))

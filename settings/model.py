@@ -80,6 +80,9 @@ class Settings:
     serving_namespace: str = "llm"
     service_name: str = "pd-llm"
     hf_token_secret_name: str | None = None
+    # The customer-managed KMS key that encrypts that secret, if any: the
+    # External Secrets role gets kms:Decrypt on it through Secrets Manager only.
+    hf_token_kms_key_arn: str | None = None
     # An internal NLB for the endpoint, reachable only from these CIDRs; empty: none.
     internal_endpoint_cidrs: tuple[str, ...] = ()
 
@@ -104,6 +107,15 @@ class Settings:
             return self.gpu_availability_zone[:-1]
         return None
 
+    @property
+    def new_vpc_availability_zones(self) -> list[str] | None:
+        """A new VPC's AZs when the GPU AZ is named: it first, then the region's next ones; else None (CDK picks)."""
+        az = self.gpu_availability_zone
+        if az is None:
+            return None
+        others = [z for z in catalog.REGION_AZS[self.effective_region or ""] if z != az]
+        return [az, *others[: self.max_azs - 1]]
+
 
 SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings))
 
@@ -114,6 +126,7 @@ _IAM_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
 _HF_REPO = re.compile(r"^[\w.\-]+/[\w.\-]+$")
+_KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/([0-9a-f-]{36}|mrk-[0-9a-f]{32})$")
 _SECRET_NAME = re.compile(r"^[\w/+=.@-]{1,512}$")
 _IMAGE = re.compile(r"^[\w.\-]+(:\d+)?(/[\w.\-]+)+(:[\w.\-]+|@sha256:[0-9a-f]{64})$")
 
@@ -335,6 +348,19 @@ def validate(s: Settings) -> Settings:
             "hf_token_secret_name",
             "hf_***",
             "the name of a Secrets Manager secret, not the token itself",
+        )
+    if s.hf_token_kms_key_arn is not None:
+        _require(
+            s.hf_token_secret_name is not None,
+            "hf_token_kms_key_arn",
+            s.hf_token_kms_key_arn,
+            "set only with hf_token_secret_name (it is the key of that secret)",
+        )
+        _require(
+            bool(_KMS_KEY_ARN.match(s.hf_token_kms_key_arn)),
+            "hf_token_kms_key_arn",
+            s.hf_token_kms_key_arn,
+            "a KMS key ARN, arn:aws:kms:<region>:<account>:key/<key id> (not an alias)",
         )
     for cidr in s.internal_endpoint_cidrs:
         net = _ipv4_network(cidr)

@@ -18,17 +18,7 @@ from cdk_constructs.network import Network
 from cdk_constructs.private_endpoint import PrivateEndpoint
 from cdk_constructs.system_nodes import SystemNodes
 from settings import Settings
-from settings.catalog import REGION_AZS
 from settings.estimates import PRICE_SOURCE, cost_summary
-
-
-def vpc_availability_zones(settings: Settings) -> list[str] | None:
-    """The GPU AZ first, then the region's others, when the user names the GPU AZ."""
-    az = settings.gpu_availability_zone
-    if az is None:
-        return None
-    others = [z for z in REGION_AZS[settings.effective_region or ""] if z != az]
-    return [az, *others[: settings.max_azs - 1]]
 
 
 class PdInferenceStack(Stack):
@@ -43,7 +33,7 @@ class PdInferenceStack(Stack):
             vpc_id=settings.vpc_id,
             cidr=settings.vpc_cidr,
             max_azs=settings.max_azs,
-            availability_zones=vpc_availability_zones(settings),
+            availability_zones=settings.new_vpc_availability_zones,
             gpu_availability_zone=settings.gpu_availability_zone,
             logs_key=logs_key,
         )
@@ -113,6 +103,7 @@ class PdInferenceStack(Stack):
                 "ModelToken",
                 cluster=cluster,
                 secret_name=settings.hf_token_secret_name,
+                kms_key_arn=settings.hf_token_kms_key_arn,
                 namespace=settings.serving_namespace,
                 target_secret=serve_config.HF_TOKEN_SECRET,
                 target_key=serve_config.HF_TOKEN_SECRET_KEY,

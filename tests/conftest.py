@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from settings import project_context
 from tools.fetch_schemas import find
 from tools.review import render
 
 ROOT = Path(__file__).resolve().parent.parent
-CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
+# What `cdk synth` reads from files (cdk.json over cdk.context.json), through the same loader as the tools.
+PROJECT_CONTEXT: dict[str, Any] = project_context(ROOT)
 
 os.environ.setdefault("CDK_DISABLE_CLI_TELEMETRY", "true")
 # cfn-lint runs on the synthesized templates here (tests/test_cfn_lint.py), so the
@@ -40,7 +42,7 @@ def synth(**overrides: Any) -> dict[str, Any]:
     if key not in _CACHE:
         from app import STACK_NAME, build_app
 
-        app, _, _ = build_app({**CDK_JSON_CONTEXT, **overrides})
+        app, _, _ = build_app({**PROJECT_CONTEXT, **overrides})
         assembly = app.synth()
         _CACHE[key] = assembly.get_stack_by_name(STACK_NAME).template
     return _CACHE[key]

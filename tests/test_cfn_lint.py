@@ -11,7 +11,7 @@ from typing import Any
 
 from cfnlint.api import ManualArgs, lint
 
-from tests.conftest import CDK_JSON_CONTEXT, ROOT, synth
+from tests.conftest import PROJECT_CONTEXT, ROOT, synth
 
 # W3005 (redundant DependsOn): CDK adds explicit DependsOn next to the implicit
 # Ref/GetAtt ones; harmless, and not ours to remove.
@@ -72,7 +72,7 @@ app.synth()
 
 def _synth_in_a_fresh_process(variant: str, **env: str) -> subprocess.CompletedProcess[str]:
     # A fresh process: CDK reads CDK_VALIDATION in its Node kernel, which the suite started with it off.
-    context = {**CDK_JSON_CONTEXT, "internal_endpoint_cidrs": "10.0.0.0/8", "hf_token_secret_name": "prod/hf-token"}
+    context = {**PROJECT_CONTEXT, "internal_endpoint_cidrs": "10.0.0.0/8", "hf_token_secret_name": "prod/hf-token"}
     environ = {k: v for k, v in os.environ.items() if k != "CDK_VALIDATION"} | env
     with tempfile.TemporaryDirectory() as out:
         return subprocess.run(

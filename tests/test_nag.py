@@ -8,7 +8,7 @@ import aws_cdk as cdk
 import pytest
 
 from stacks.nag_acknowledgements import ACKNOWLEDGEMENTS, OPTIONAL_ACKNOWLEDGEMENTS, acknowledge_findings
-from tests.conftest import CDK_JSON_CONTEXT, only, synth
+from tests.conftest import PROJECT_CONTEXT, only, synth
 
 REVIEWED_DEFAULT = 14
 REVIEWED_OPTIONAL = 9
@@ -36,8 +36,8 @@ def test_unacknowledged_finding_fails_synth() -> None:
     from settings import settings_from
     from stacks.pd_inference_stack import PdInferenceStack
 
-    app = cdk.App(context=CDK_JSON_CONTEXT)
-    PdInferenceStack(app, "Bare", settings=settings_from(CDK_JSON_CONTEXT))
+    app = cdk.App(context=PROJECT_CONTEXT)
+    PdInferenceStack(app, "Bare", settings=settings_from(PROJECT_CONTEXT))
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     with pytest.raises(RuntimeError, match="ValidationFailed"):
         app.synth()
@@ -47,8 +47,8 @@ def test_acknowledgements_apply_to_the_stack() -> None:
     from settings import settings_from
     from stacks.pd_inference_stack import PdInferenceStack
 
-    app = cdk.App(context=CDK_JSON_CONTEXT)
-    stack = PdInferenceStack(app, "Count", settings=settings_from(CDK_JSON_CONTEXT))
+    app = cdk.App(context=PROJECT_CONTEXT)
+    stack = PdInferenceStack(app, "Count", settings=settings_from(PROJECT_CONTEXT))
     assert acknowledge_findings(stack) == REVIEWED_DEFAULT
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CDK_JSON_CONTEXT, ROOT, synth
+from tests.conftest import PROJECT_CONTEXT, ROOT, synth
 from tools import pr_guard, review
 
 
@@ -56,7 +56,7 @@ def test_stateful_logical_ids_are_unchanged(template: dict[str, Any]) -> None:
 
 
 def _synth_to(outdir: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps(CDK_JSON_CONTEXT), "CDK_OUTDIR": str(outdir)}
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps(PROJECT_CONTEXT), "CDK_OUTDIR": str(outdir)}
     return subprocess.run(
         [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
     )
@@ -85,8 +85,8 @@ def renamed_network(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     before.write_text(json.dumps(synth()))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("stacks.pd_inference_stack.Network", lambda scope, _id, **kw: Network(scope, "Net", **kw))
-        app = cdk.App(context=CDK_JSON_CONTEXT)
-        stack = PdInferenceStack(app, "PdInference", settings=settings_from(CDK_JSON_CONTEXT))
+        app = cdk.App(context=PROJECT_CONTEXT)
+        stack = PdInferenceStack(app, "PdInference", settings=settings_from(PROJECT_CONTEXT))
         after.write_text(json.dumps(app.synth().get_stack_by_name(stack.stack_name).template))
     return before, after
 
@@ -147,6 +147,21 @@ def test_diff_workflow_has_oidc_and_the_opt_in_label() -> None:
     assert pr_guard.OPT_IN_LABEL in text
     assert "tools.pr_guard" in text
     assert "cdk diff" in text
+
+
+def test_diff_workflow_runs_preflight_with_its_role_and_comments_its_table() -> None:
+    import yaml
+
+    steps = yaml.safe_load((ROOT / ".github" / "workflows" / "pr-diff.yml").read_text())["jobs"]["diff"]["steps"]
+    names = [s.get("name", s.get("uses", "")) for s in steps]
+    credentials = next(i for i, s in enumerate(steps) if "configure-aws-credentials" in s.get("uses", ""))
+    (preflight,) = [i for i, s in enumerate(steps) if "tools.preflight" in s.get("run", "")]
+    assert credentials < preflight, names
+    assert "--markdown preflight.md" in steps[preflight]["run"]
+    comment = next(s for s in steps if "gh pr comment" in s.get("run", ""))
+    assert "cat preflight.md" in comment["run"]
+    verdict = steps[-1]
+    assert verdict["if"] == f"steps.{steps[preflight]['id']}.outcome == 'failure'" and "exit 1" in verdict["run"]
 
 
 def test_handoff_folder_holds_template_asset_manifest_and_assets(tmp_path: Path) -> None:

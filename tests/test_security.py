@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CDK_JSON_CONTEXT, ROOT, helm_releases, manifests, only, resources, synth
+from tests.conftest import PROJECT_CONTEXT, ROOT, helm_releases, manifests, only, resources, synth
 from tools.review import render
 
 TOKEN_SETTINGS = {"hf_token_secret_name": "prod/hf-token", "model_id": "meta-llama/Llama-3.1-8B-Instruct"}
@@ -144,10 +144,34 @@ def test_token_synced_by_external_secrets_with_one_secret_policy() -> None:
     assert kinds["SecretStore"]["spec"]["provider"]["aws"]["service"] == "SecretsManager"
 
 
+def test_a_customer_managed_token_key_is_decryptable_through_secrets_manager_only() -> None:
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    template = synth(**TOKEN_SETTINGS, hf_token_kms_key_arn=key)
+    association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount="external-secrets")
+    role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    (policy,) = [
+        p["Properties"]
+        for p in resources(template, "AWS::IAM::Policy").values()
+        if {"Ref": role_id} in p["Properties"]["Roles"]
+    ]
+    (decrypt,) = [s for s in policy["PolicyDocument"]["Statement"] if s["Action"] == "kms:Decrypt"]
+    assert decrypt["Resource"] == key
+    via = render(decrypt["Condition"]["StringEquals"]["kms:ViaService"])
+    assert via == "secretsmanager.${AWS::Region}.amazonaws.com"
+    # No other role in the stack may decrypt with it.
+    grants = [
+        s
+        for p in resources(template, "AWS::IAM::Policy").values()
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+        if s.get("Resource") == key
+    ]
+    assert grants == [decrypt]
+
+
 def test_token_value_never_reaches_template_or_assets(tmp_path: Path) -> None:
     """Synth as the CLI runs it, with a token in the environment: no file in cdk.out holds it."""
     token = "hf_" + "Zq7" * 12  # the shape of a real token, made up here
-    context = {**CDK_JSON_CONTEXT, **TOKEN_SETTINGS}
+    context = {**PROJECT_CONTEXT, **TOKEN_SETTINGS}
     env = {
         **os.environ,
         "HF_TOKEN": token,

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from settings import Settings, SettingsError, settings_from
+from settings import Settings, SettingsError, settings_from, settings_from_cli
 from settings.model import gpu_memory_plan_gib
-from tests.conftest import CDK_JSON_CONTEXT, ROOT
+from tests.conftest import PROJECT_CONTEXT, ROOT
 
 # (overrides, the key the error must name, a fragment of what is allowed)
 BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
@@ -82,6 +82,16 @@ BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
     ({"serving_namespace": "LLM"}, "serving_namespace", "a DNS label"),
     # Built at run time so no token-shaped literal is tracked.
     ({"hf_token_secret_name": "hf_" + "abcdefghij" * 4}, "hf_token_secret_name", "not the token"),
+    (
+        {"hf_token_kms_key_arn": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"},
+        "hf_token_kms_key_arn",
+        "only with hf_token_secret_name",
+    ),
+    (
+        {"hf_token_secret_name": "prod/hf-token", "hf_token_kms_key_arn": "alias/hf"},
+        "hf_token_kms_key_arn",
+        "a KMS key ARN",
+    ),
 ]
 
 
@@ -91,7 +101,7 @@ BAD_IDS = [f"{key}-{i}" for i, (_, key, _) in enumerate(BAD_SETTINGS)]
 @pytest.mark.parametrize(("overrides", "key", "allowed"), BAD_SETTINGS, ids=BAD_IDS)
 def test_bad_setting_names_key_and_allowed(overrides: dict[str, Any], key: str, allowed: str) -> None:
     with pytest.raises(SettingsError) as raised:
-        settings_from({**CDK_JSON_CONTEXT, **overrides})
+        settings_from({**PROJECT_CONTEXT, **overrides})
     message = str(raised.value)
     assert raised.value.key == key
     assert f"setting '{key}'" in message
@@ -100,7 +110,7 @@ def test_bad_setting_names_key_and_allowed(overrides: dict[str, Any], key: str, 
 
 
 def test_defaults_are_valid_and_typed() -> None:
-    settings = settings_from(CDK_JSON_CONTEXT)
+    settings = settings_from(PROJECT_CONTEXT)
     assert settings == Settings()
     assert settings.gpu_nodes == 2
     assert settings.kubernetes_version == "1.36"
@@ -158,7 +168,7 @@ def test_default_model_fits_one_l4_with_room_for_kv() -> None:
 
 
 def _run_app(context: dict[str, Any], outdir: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON_CONTEXT, **context}), "CDK_OUTDIR": str(outdir)}
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({**PROJECT_CONTEXT, **context}), "CDK_OUTDIR": str(outdir)}
     return subprocess.run(
         [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
     )
@@ -197,7 +207,7 @@ def test_a_cdk_refusal_while_building_is_one_line(
 
 def test_max_model_len_up_to_the_models_context_length_is_accepted() -> None:
     """The boundary: exactly the model's max_position_embeddings (Qwen3-4B: 40960) loads."""
-    settings = settings_from({**CDK_JSON_CONTEXT, "model_id": "Qwen/Qwen3-4B", "max_model_len": "40960"})
+    settings = settings_from({**PROJECT_CONTEXT, "model_id": "Qwen/Qwen3-4B", "max_model_len": "40960"})
     assert settings.max_model_len == settings.model.max_context_tokens == 40960
 
 
@@ -208,3 +218,21 @@ def test_a_public_endpoint_open_to_the_world_warns_in_one_line() -> None:
     assert "0.0.0.0/0" in line and "public_access_cidrs" in line and "\n" not in line
     assert warnings(Settings(public_access_cidrs=("203.0.113.0/24",))) == []
     assert warnings(Settings(endpoint_access="private")) == []
+
+
+def test_cdk_json_wins_over_cdk_context_json_and_the_command_line_over_both(tmp_path: Path) -> None:
+    """The pinned CLI's order (aws-cdk lib/cli/user-configuration.js): -c, then cdk.json, then cdk.context.json."""
+    cdk_json = json.loads((ROOT / "cdk.json").read_text())
+    cdk_json["context"]["max_azs"] = 3
+    (tmp_path / "cdk.json").write_text(json.dumps(cdk_json))
+    (tmp_path / "cdk.context.json").write_text(json.dumps({"max_azs": 2, "gpu_availability_zone": "us-east-1d"}))
+    loaded = settings_from_cli([], root=tmp_path)
+    assert (loaded.max_azs, loaded.gpu_availability_zone) == (3, "us-east-1d")
+    assert settings_from_cli(["gpu_availability_zone=us-east-1a"], root=tmp_path).gpu_availability_zone == "us-east-1a"
+
+
+def test_a_broken_cdk_context_json_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "cdk.json").write_text((ROOT / "cdk.json").read_text())
+    (tmp_path / "cdk.context.json").write_text("{not json")
+    with pytest.raises(SettingsError, match=r"setting 'cdk.context.json' = .* is not valid: a JSON object"):
+        settings_from_cli([], root=tmp_path)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from settings import SETTING_NAMES, Settings, SettingsError, settings_from
 from settings.catalog import INSTANCE_TYPES, MODELS, REGION_AZS
-from tests.conftest import CDK_JSON_CONTEXT
+from tests.conftest import PROJECT_CONTEXT
 
 # Plausible values per key, good and bad mixed, so that generated combinations
 # often pass validation and reach the stack.
@@ -48,6 +48,11 @@ CANDIDATES: dict[str, list[Any]] = {
     "serving_namespace": ["llm", "LLM", "a" * 70],
     "service_name": ["pd-llm", "x" * 50, "Bad_Name"],
     "hf_token_secret_name": [None, "prod/hf-token", "hf_" + "a" * 34],
+    "hf_token_kms_key_arn": [
+        None,
+        "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+        "alias/aws/secretsmanager",
+    ],
     "internal_endpoint_cidrs": ["", "10.0.0.0/8", "0.0.0.0/0", "10.0.0.0/8,192.168.0.0/16", "nonsense"],
 }
 assert set(CANDIDATES) == set(SETTING_NAMES), "every setting needs candidates"
@@ -61,7 +66,7 @@ overrides = st.dictionaries(
 
 def _context(values: dict[str, Any]) -> dict[str, Any]:
     # The CLI hands every -c value over as text.
-    return {**CDK_JSON_CONTEXT, **{k: "" if v is None else str(v) for k, v in values.items()}}
+    return {**PROJECT_CONTEXT, **{k: "" if v is None else str(v) for k, v in values.items()}}
 
 
 def _load(values: dict[str, Any]) -> Settings | SettingsError:

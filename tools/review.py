@@ -98,8 +98,9 @@ def stateful_review(template: dict[str, Any]) -> str:
 
 def default_template() -> dict[str, Any]:
     from app import STACK_NAME, build_app
+    from settings import project_context
 
-    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    context = project_context(ROOT)
     # As the CDK CLI does, so each resource names its construct path.
     app, _, _ = build_app({**context, "aws:cdk:enable-path-metadata": True})
     template: dict[str, Any] = app.synth().get_stack_by_name(STACK_NAME).template
