@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 from collections.abc import Sequence
 from typing import cast
 
@@ -165,6 +166,8 @@ class EksCluster(Construct):
             cluster_name=self.cluster.cluster_name,
             # EKS bootstrapped aws-node as a self-managed DaemonSet; the add-on takes it over.
             resolve_conflicts="OVERWRITE",
+            # Its node agent enforces NetworkPolicies (the serving namespace's).
+            configuration_values=json.dumps({"enableNetworkPolicy": "true"}),
             pod_identity_associations=[
                 eks.CfnAddon.PodIdentityAssociationProperty(
                     role_arn=self.vpc_cni_role.role_arn, service_account="aws-node"

@@ -5,8 +5,11 @@
 The serve config and the workers' environment come from the synthesized
 template (the RayService's serveConfigV2 and worker container), changed only
 by CPU_DELTAS below. It is deployed the way KubeRay deploys it (PUT to the
-dashboard's /api/serve/applications/), and checked with `verify`'s own
-functions, with libfabric's tcp provider expected instead of efa.
+dashboard's /api/serve/applications/, with the cluster's token in the
+x-ray-authorization header when the RayService turns Ray token authentication
+on, as KubeRay does), and checked with `verify`'s own functions, with
+libfabric's tcp provider expected instead of efa. With token authentication on,
+it also checks that the dashboard refuses a deploy and a job without the token.
 
 It runs as two Ray nodes in two network namespaces of its own (unshare --net,
 as root or with --map-root-user), joined by a veth pair with private
@@ -23,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -86,9 +90,10 @@ def product_rayservice() -> dict[str, Any]:
     """The RayService in the synthesized template, on default settings."""
     os.environ.setdefault("CDK_VALIDATION", "false")
     from app import STACK_NAME, build_app
+    from settings import project_context
     from tools.review import render
 
-    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    context = project_context(ROOT)
     with tempfile.TemporaryDirectory() as out:
         os.environ["CDK_OUTDIR"] = out
         app, _, _ = build_app(context)
@@ -126,6 +131,25 @@ def product_worker_env(rayservice: dict[str, Any]) -> dict[str, str]:
             if "value" in item:
                 env[item["name"]] = str(item["value"])
     return env
+
+
+def kuberay_auth_env(rayservice: dict[str, Any]) -> dict[str, str]:
+    """What KubeRay 1.7 puts in every Ray container for `authOptions: {mode: token}`.
+
+    It generates a random token into a Secret of the cluster and sets RAY_AUTH_MODE
+    and RAY_AUTH_TOKEN (a secretKeyRef to it) in the head and every worker
+    (controllers/ray/common/pod.go, utils.RAY_AUTH_TOKEN_SECRET_KEY "auth_token").
+    """
+    options = rayservice["spec"]["rayClusterConfig"].get("authOptions") or {}
+    if options.get("mode") != "token":
+        return {}
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+def kuberay_headers(env: dict[str, str]) -> dict[str, str]:
+    """The header KubeRay's dashboard client sets on every call (dashboard_httpclient.go, setAuthHeader)."""
+    token = env.get("RAY_AUTH_TOKEN")
+    return {"x-ray-authorization": f"Bearer {token}"} if token else {}
 
 
 # --- The network namespaces -----------------------------------------------------------------
@@ -175,14 +199,29 @@ def set_up_network() -> Nodes:
 
 
 # --- Ray --------------------------------------------------------------------------------------
-def _http(url: str, body: Any = None, method: str | None = None, timeout: float = 30.0) -> Any:
+def _http(
+    url: str,
+    body: Any = None,
+    method: str | None = None,
+    timeout: float = 30.0,
+    headers: dict[str, str] | None = None,
+) -> Any:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(  # noqa: S310 - an address inside our own namespace
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
         text = response.read().decode()
     return json.loads(text) if text.strip() else None
+
+
+def _status(url: str, body: Any, method: str, headers: dict[str, str]) -> int:
+    """The HTTP status of one call (an error status is an answer here, not a failure)."""
+    try:
+        _http(url, body, method=method, headers=headers)
+    except urllib.error.HTTPError as err:
+        return err.code
+    return 200
 
 
 @contextlib.contextmanager
@@ -254,9 +293,28 @@ ENGINE_FAILED = re.compile(
 )
 
 
-def deploy(config: dict[str, Any], temp_dir: Path) -> None:
-    """PUT the serve config to the dashboard, as KubeRay does, and wait until the app runs."""
-    _http(f"{DASHBOARD}/api/serve/applications/", config, method="PUT", timeout=60)
+def auth_checks(config: dict[str, Any], env: dict[str, str]) -> list[Any]:
+    """With token authentication on: a deploy or a job without the token is refused (401), a wrong token too (403)."""
+    from tools.verify import Check
+
+    if not kuberay_headers(env):
+        return []
+    job = {"entrypoint": "python -c 'print(1)'"}
+    wrong = {"x-ray-authorization": f"Bearer {secrets.token_hex(32)}"}
+    found = []
+    for name, url, body, method, headers, expected in (
+        ("a deploy without the token is refused", "/api/serve/applications/", config, "PUT", {}, 401),
+        ("a job without the token is refused", "/api/jobs/", job, "POST", {}, 401),
+        ("a job with a wrong token is refused", "/api/jobs/", job, "POST", wrong, 403),
+    ):
+        status = _status(f"{DASHBOARD}{url}", body, method, headers)
+        found.append(Check(f"dashboard: {name}", status == expected, f"HTTP {status} (expected {expected})"))
+    return found
+
+
+def deploy(config: dict[str, Any], temp_dir: Path, headers: dict[str, str]) -> None:
+    """PUT the serve config to the dashboard, as KubeRay does (with its token header), and wait until the app runs."""
+    _http(f"{DASHBOARD}/api/serve/applications/", config, method="PUT", timeout=60, headers=headers)
     deadline = time.monotonic() + DEPLOY_TIMEOUT_S
     last = ""
     while time.monotonic() < deadline:
@@ -266,7 +324,7 @@ def deploy(config: dict[str, Any], temp_dir: Path) -> None:
             first = sorted(fatal, key=lambda line: "Engine core" in line)[0]
             raise RehearsalError(f"deploy failed: an engine could not start or pre-warm: {first.strip()[:200]}")
         with contextlib.suppress(OSError, ValueError):
-            status = _http(f"{DASHBOARD}/api/serve/applications/")
+            status = _http(f"{DASHBOARD}/api/serve/applications/", headers=headers)
             app = (status or {}).get("applications", {}).get(config["applications"][0]["name"], {})
             last = str(app.get("status"))
             if last == "RUNNING":
@@ -402,16 +460,18 @@ def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
         phases["model"] = time.monotonic() - started
         rayservice = product_rayservice()
         config = cpu_serve_config(rayservice, model_dir)
-        env = {**os.environ, **product_worker_env(rayservice), **CPU_ENV}
+        env = {**os.environ, **product_worker_env(rayservice), **kuberay_auth_env(rayservice), **CPU_ENV}
         env["LD_LIBRARY_PATH"] = ":".join([*libs.library_dirs, env.get("LD_LIBRARY_PATH", "")])
         apply_case(case, config, env, libs)
         phases["config"] = time.monotonic() - started
         temp_dir = work / "ray"
         with ray_cluster(env, temp_dir, nodes):
             try:
-                deploy(config, temp_dir)
+                refusals = auth_checks(config, env)
+                deploy(config, temp_dir, kuberay_headers(env))
                 phases["deploy"] = time.monotonic() - started
                 outcome = check(_model_id(config), temp_dir, "tcp")
+                outcome.checks[:0] = refusals
                 phases["checks"] = time.monotonic() - started
                 if case == "pd" and outcome.ok and results is not None:
                     short_bench(_model_id(config), model_dir, results)

@@ -30,6 +30,10 @@ class ServeConfigError(ValueError):
 
 
 SERVE_PORT = 8000
+# The head's dashboard (the REST API KubeRay deploys serveConfigV2 through, and
+# the job API) and KubeRay's default metrics port on every Ray container.
+DASHBOARD_PORT = 8265
+METRICS_PORT = 8080
 # Extended resources the device plugins advertise on the GPU nodes.
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -160,6 +164,8 @@ def rayservice(
     spec["serveConfigV2"] = serve_config_v2(settings)
     cluster = spec["rayClusterConfig"]
     cluster["rayVersion"] = IMAGE_RAY_VERSION
+    if not settings.ray_token_auth:
+        del cluster["authOptions"]
 
     cluster["headGroupSpec"]["template"]["metadata"] = {"labels": pod_labels(settings)}
     head_pod = cluster["headGroupSpec"]["template"]["spec"]

@@ -78,6 +78,9 @@ class Settings:
     decode_replicas: int = 1
     ray_image: str = catalog.DEFAULT_RAY_IMAGE
     serving_namespace: str = "llm"
+    # Ray's token authentication (KubeRay authOptions): the dashboard, job API
+    # and GCS refuse callers without the cluster's token.
+    ray_token_auth: bool = True
     service_name: str = "pd-llm"
     hf_token_secret_name: str | None = None
     # The customer-managed KMS key that encrypts that secret, if any: the

@@ -15,9 +15,11 @@ from cdk_constructs.llm_service import LlmService
 from cdk_constructs.log_encryption import LogEncryptionKey
 from cdk_constructs.model_token import ModelTokenSync
 from cdk_constructs.network import Network
+from cdk_constructs.network_policies import ServingNetworkPolicies, serving_network_policies
 from cdk_constructs.private_endpoint import PrivateEndpoint
 from cdk_constructs.system_nodes import SystemNodes
 from settings import Settings
+from settings.catalog import KUBERAY_OPERATOR
 from settings.estimates import PRICE_SOURCE, cost_summary
 
 
@@ -96,6 +98,31 @@ class PdInferenceStack(Stack):
             ),
             system_node_labels=system_nodes.labels,
         )
+        # The control plane's ENIs, and an internal NLB, live in the private subnets.
+        private_cidrs = [subnet.ipv4_cidr_block for subnet in network.vpc.private_subnets]
+        network_policies = ServingNetworkPolicies(
+            self,
+            "NetworkPolicies",
+            cluster=cluster,
+            policies=serving_network_policies(
+                namespace=settings.serving_namespace,
+                ray_pod_labels=serve_config.pod_labels(settings),
+                operator_namespace=KUBERAY_OPERATOR.namespace,
+                operator_pod_labels={
+                    "app.kubernetes.io/name": KUBERAY_OPERATOR.chart,
+                    "app.kubernetes.io/instance": KUBERAY_OPERATOR.release,
+                },
+                dashboard_port=serve_config.DASHBOARD_PORT,
+                serve_port=serve_config.SERVE_PORT,
+                metrics_port=serve_config.METRICS_PORT,
+                control_plane_cidrs=private_cidrs,
+                load_balancer_cidrs=private_cidrs if settings.internal_endpoint_cidrs else [],
+            ),
+        )
+        # The policies are in place before any Ray pod starts, and go after them.
+        for policy in network_policies.manifests:
+            policy.node.add_dependency(service.namespace_manifest)
+        service.rayservice_manifest.node.add_dependency(*network_policies.manifests)
         token_releases: list[Construct] = []
         if settings.hf_token_secret_name is not None:
             token = ModelTokenSync(

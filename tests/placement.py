@@ -120,6 +120,9 @@ class Workload:
     spec: dict[str, Any]
     daemonset: bool = False
     replicas: int = 1
+    # Where the pods run and the labels they carry (NetworkPolicies select by both).
+    namespace: str = "default"
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 _QUANTITY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
@@ -159,29 +162,61 @@ def workloads_from_objects(objects: Iterable[Mapping[str, Any]], source: str) ->
     found = []
     for obj in objects:
         kind = obj.get("kind")
-        name = f"{kind}/{obj.get('metadata', {}).get('name')}"
-        if kind == "DaemonSet":
-            found.append(Workload(name, source, obj["spec"]["template"]["spec"], daemonset=True))
-        elif kind in ("Deployment", "StatefulSet"):
+        metadata = obj.get("metadata", {})
+        name = f"{kind}/{metadata.get('name')}"
+        namespace = str(metadata.get("namespace") or "default")
+        if kind == "Pod":
             found.append(
-                Workload(name, source, obj["spec"]["template"]["spec"], replicas=obj["spec"].get("replicas", 1))
+                Workload(name, source, obj["spec"], labels=dict(metadata.get("labels") or {}), namespace=namespace)
             )
+            continue
+        if kind not in ("DaemonSet", "Deployment", "StatefulSet", "Job"):
+            continue
+        template = obj["spec"]["template"]
+        labels = dict(template.get("metadata", {}).get("labels") or {})
+        if kind == "DaemonSet":
+            found.append(Workload(name, source, template["spec"], daemonset=True, labels=labels, namespace=namespace))
         elif kind == "Job":
-            found.append(Workload(name, source, obj["spec"]["template"]["spec"]))
-        elif kind == "Pod":
-            found.append(Workload(name, source, obj["spec"]))
+            found.append(Workload(name, source, template["spec"], labels=labels, namespace=namespace))
+        else:
+            replicas = obj["spec"].get("replicas", 1)
+            found.append(
+                Workload(name, source, template["spec"], replicas=replicas, labels=labels, namespace=namespace)
+            )
     return found
 
 
 def ray_workloads(rayservice: Mapping[str, Any]) -> list[Workload]:
-    """The head and worker pods KubeRay builds from the RayService (it copies each template's spec)."""
+    """The head and worker pods KubeRay builds from the RayService (it copies each template's spec and labels).
+
+    KubeRay adds ray.io/cluster (the RayCluster it names after the RayService),
+    ray.io/node-type, ray.io/group and ray.io/is-ray-node to every Ray pod (pod.go).
+    """
     cluster = rayservice["spec"]["rayClusterConfig"]
     name = rayservice["metadata"]["name"]
-    found = [Workload(f"{name}/head", "RayService", cluster["headGroupSpec"]["template"]["spec"])]
+    namespace = rayservice["metadata"]["namespace"]
+
+    def labels(template: Mapping[str, Any], node_type: str, group: str) -> dict[str, str]:
+        ours = dict(template.get("metadata", {}).get("labels") or {})
+        kuberay = {"ray.io/cluster": f"{name}-x7k2p", "ray.io/node-type": node_type, "ray.io/group": group}
+        return {**ours, **kuberay, "ray.io/is-ray-node": "yes"}
+
+    head = cluster["headGroupSpec"]["template"]
+    found = [
+        Workload(
+            f"{name}/head", "RayService", head["spec"], namespace=namespace, labels=labels(head, "head", "headgroup")
+        )
+    ]
     for group in cluster.get("workerGroupSpecs", []):
+        template = group["template"]
         found.append(
             Workload(
-                f"{name}/{group['groupName']}", "RayService", group["template"]["spec"], replicas=group["replicas"]
+                f"{name}/{group['groupName']}",
+                "RayService",
+                template["spec"],
+                replicas=group["replicas"],
+                namespace=namespace,
+                labels=labels(template, "worker", group["groupName"]),
             )
         )
     return found
@@ -216,22 +251,35 @@ def eks_addon_workloads() -> list[Workload]:
         Workload(
             "DaemonSet/aws-node",
             "EKS add-on vpc-cni",
-            {"affinity": linux_amd64, "tolerations": everywhere, "containers": [container("25m"), container("25m")]},
+            {
+                "affinity": linux_amd64,
+                "tolerations": everywhere,
+                "hostNetwork": True,
+                "containers": [container("25m"), container("25m")],
+            },
             daemonset=True,
+            namespace="kube-system",
         ),
         # EKS's kube-proxy DaemonSet: requests cpu 100m; tolerates every taint.
         Workload(
             "DaemonSet/kube-proxy",
             "EKS add-on kube-proxy",
-            {"affinity": linux_amd64, "tolerations": everywhere, "containers": [container("100m")]},
+            {
+                "affinity": linux_amd64,
+                "tolerations": everywhere,
+                "hostNetwork": True,
+                "containers": [container("100m")],
+            },
             daemonset=True,
+            namespace="kube-system",
         ),
         # aws/eks-charts stable/eks-pod-identity-agent values.yaml: resources {}, tolerations [{operator: Exists}].
         Workload(
             "DaemonSet/eks-pod-identity-agent",
             "EKS add-on eks-pod-identity-agent",
-            {"affinity": linux_amd64, "tolerations": everywhere, "containers": [container()]},
+            {"affinity": linux_amd64, "tolerations": everywhere, "hostNetwork": True, "containers": [container()]},
             daemonset=True,
+            namespace="kube-system",
         ),
         # CoreDNS as EKS deploys it: 2 replicas, requests cpu 100m and memory 70Mi, tolerating only
         # CriticalAddonsOnly and the control-plane taint (so never a GPU node).
@@ -247,12 +295,14 @@ def eks_addon_workloads() -> list[Workload]:
                 "containers": [container("100m", "70Mi")],
             },
             replicas=2,
+            namespace="kube-system",
+            labels={"k8s-app": "kube-dns"},
         ),
     ]
 
 
 # --- Predicates -----------------------------------------------------------------------
-def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+def expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     key, op, values = expr["key"], expr["operator"], expr.get("values") or []
     if op == "In":
         return key in labels and labels[key] in values
@@ -279,7 +329,7 @@ def required_affinity_matches(spec: Mapping[str, Any], labels: Mapping[str, str]
     for term in required.get("nodeSelectorTerms", []):
         if term.get("matchFields"):
             raise ValueError("matchFields is not modelled")
-        if all(_expression_matches(e, labels) for e in term.get("matchExpressions", [])):
+        if all(expression_matches(e, labels) for e in term.get("matchExpressions", [])):
             return True
     return False
 

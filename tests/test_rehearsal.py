@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from rehearsal import native
-from rehearsal.run import CPU_DELTAS, cpu_serve_config, product_worker_env
+from rehearsal.run import CPU_DELTAS, cpu_serve_config, kuberay_auth_env, kuberay_headers, product_worker_env
 from tests.conftest import shared_file
 
 
@@ -62,6 +62,16 @@ def test_the_rehearsal_uses_the_workers_environment(rayservice: dict[str, Any]) 
     env = product_worker_env(rayservice)
     assert env["NIXL_LOG_LEVEL"] == "INFO" and env["FI_EFA_USE_HUGE_PAGE"] == "0"
     assert env["FI_PROVIDER"] == "efa"  # the rehearsal replaces this one with tcp
+
+
+def test_the_rehearsal_runs_ray_as_kuberay_does_with_token_authentication(rayservice: dict[str, Any]) -> None:
+    """authOptions mode token: RAY_AUTH_MODE and a random token on every node, and KubeRay's header on each call."""
+    env = kuberay_auth_env(rayservice)
+    assert env["RAY_AUTH_MODE"] == "token"
+    assert len(env["RAY_AUTH_TOKEN"]) == 64 and env["RAY_AUTH_TOKEN"] != kuberay_auth_env(rayservice)["RAY_AUTH_TOKEN"]
+    assert kuberay_headers(env) == {"x-ray-authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"}
+    without = {**rayservice, "spec": {**rayservice["spec"], "rayClusterConfig": {}}}
+    assert kuberay_auth_env(without) == {} and kuberay_headers({}) == {}
 
 
 def test_debian_mirrors_are_read_from_apt_sources(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PROJECT_CONTEXT, ROOT, helm_releases, manifests, only, resources, synth
+from tests.conftest import PROJECT_CONTEXT, ROOT, helm_releases, manifests, only, rayservice_from, resources, synth
 from tools.review import render
 
 TOKEN_SETTINGS = {"hf_token_secret_name": "prod/hf-token", "model_id": "meta-llama/Llama-3.1-8B-Instruct"}
@@ -188,3 +188,18 @@ def test_token_value_never_reaches_template_or_assets(tmp_path: Path) -> None:
     leaked = [str(p) for p in files if token.encode() in p.read_bytes()]
     assert leaked == []
     assert token not in result.stdout + result.stderr
+
+
+def test_ray_token_authentication_is_on_by_default(rayservice: dict[str, Any]) -> None:
+    """KubeRay 1.7 makes the token Secret and sets RAY_AUTH_MODE/RAY_AUTH_TOKEN itself; we set neither."""
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    assert cluster["authOptions"] == {"mode": "token"}
+    containers = [cluster["headGroupSpec"]["template"]["spec"]["containers"][0]] + [
+        g["template"]["spec"]["containers"][0] for g in cluster["workerGroupSpecs"]
+    ]
+    assert not [e for c in containers for e in c.get("env", []) if e["name"].startswith("RAY_AUTH")]
+
+
+def test_ray_token_authentication_can_be_turned_off() -> None:
+    cluster = rayservice_from(synth(ray_token_auth="false"))["spec"]["rayClusterConfig"]
+    assert "authOptions" not in cluster

@@ -46,6 +46,7 @@ CANDIDATES: dict[str, list[Any]] = {
     "decode_replicas": [1, 2, 0, 20],
     "ray_image": ["public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0", "rayproject/ray:2.58.0", "bad"],
     "serving_namespace": ["llm", "LLM", "a" * 70],
+    "ray_token_auth": [True, False, "off", "sometimes"],
     "service_name": ["pd-llm", "x" * 50, "Bad_Name"],
     "hf_token_secret_name": [None, "prod/hf-token", "hf_" + "a" * 34],
     "hf_token_kms_key_arn": [

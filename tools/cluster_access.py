@@ -19,10 +19,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+import serve_config
 from settings import Settings
 
 # Ray exports each node's metrics here (KubeRay's default --metrics-export-port).
-RAY_METRICS_PORT = 8080
+RAY_METRICS_PORT = serve_config.METRICS_PORT
 # vLLM names them vllm:...; Ray's exporter turns ':' into '_' and prefixes ray_.
 XFER_COUNT = "vllm:nixl_xfer_time_seconds_count"
 XFER_SUM = "vllm:nixl_xfer_time_seconds_sum"

@@ -1,0 +1,195 @@
+"""The reachability proof: the synthesized NetworkPolicies, applied to every pod the cluster will run.
+
+Every pair that must talk is admitted; no pod outside the Ray cluster reaches
+the dashboard (8265, the job API) or GCS (6379); removing any allow rule breaks
+a pair that must talk. Pods and their labels come from the rendered charts, the
+stack's manifests and the Ray pods as KubeRay labels them (tests/cluster.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import json
+from typing import Any
+
+import pytest
+
+from serve_config import DASHBOARD_PORT, METRICS_PORT, SERVE_PORT
+from settings.catalog import KUBERAY_OPERATOR
+from tests import reachability
+from tests.cluster import workloads
+from tests.conftest import manifests, resources, synth
+from tests.reachability import Peer, admits
+
+NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
+# Ports Ray and NIXL use between their pods: GCS, dashboard, client, serve,
+# metrics, NIXL's side channels (20000, 22000) and one Ray picks at random.
+RAY_PORTS = (6379, DASHBOARD_PORT, 10001, SERVE_PORT, METRICS_PORT, 20000, 22000, 45678)
+CONTROL_PLANE_PORTS = (DASHBOARD_PORT, 6379)
+
+
+def policies_of(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in manifests(template) if m["kind"] == "NetworkPolicy"]
+
+
+def private_subnets(template: dict[str, Any]) -> list[str]:
+    return sorted(
+        r["Properties"]["CidrBlock"]
+        for r in resources(template, "AWS::EC2::Subnet").values()
+        if not r["Properties"].get("MapPublicIpOnLaunch")
+    )
+
+
+@functools.cache
+def _cluster(overrides_json: str) -> tuple[list[dict[str, Any]], list[Peer], list[str]]:
+    overrides = json.loads(overrides_json)
+    template = synth(**overrides)
+    subnets = private_subnets(template)
+    peers = reachability.pod_peers(workloads(template, "1.36"), subnets[0])
+    return policies_of(template), peers, subnets
+
+
+def cluster(**overrides: Any) -> tuple[list[dict[str, Any]], list[Peer], list[str]]:
+    return _cluster(json.dumps(overrides, sort_keys=True))
+
+
+def ray_pods(peers: list[Peer]) -> list[Peer]:
+    return [p for p in peers if p.labels.get("ray.io/is-ray-node") == "yes"]
+
+
+def address_in(cidr: str, offset: int) -> str:
+    return str(ipaddress.ip_network(cidr)[offset])
+
+
+def required_pairs(peers: list[Peer], subnets: list[str], nlb: bool) -> list[tuple[Peer, Peer, int]]:
+    """Every (source, destination, port) the service needs."""
+    ray = ray_pods(peers)
+    head = next(p for p in ray if p.labels["ray.io/node-type"] == "head")
+    (operator,) = [p for p in peers if p.name == "Deployment/kuberay-operator"]
+    pairs = [(a, b, port) for a in ray for b in ray for port in RAY_PORTS]
+    pairs += [(operator, head, DASHBOARD_PORT), (operator, head, SERVE_PORT)]
+    # The control plane's ENIs sit in the cluster's (private) subnets.
+    api_server = Peer("EKS control plane ENI", address_in(subnets[1], 200))
+    pairs += [(api_server, pod, METRICS_PORT) for pod in ray]
+    if nlb:
+        load_balancer = Peer("internal NLB", address_in(subnets[1], 77))
+        pairs += [(load_balancer, pod, SERVE_PORT) for pod in ray]
+    return pairs
+
+
+def refused(policies: list[dict[str, Any]], pairs: list[tuple[Peer, Peer, int]]) -> list[str]:
+    return [f"{s.name} -> {d.name}:{port}" for s, d, port in pairs if not admits(policies, s, d, port)]
+
+
+@pytest.mark.parametrize("overrides", [{}, NLB], ids=["defaults", "internal NLB"])
+def test_every_pair_that_must_talk_is_admitted(overrides: dict[str, Any]) -> None:
+    policies, peers, subnets = cluster(**overrides)
+    assert refused(policies, required_pairs(peers, subnets, nlb=bool(overrides))) == []
+
+
+@pytest.mark.parametrize("overrides", [{}, NLB], ids=["defaults", "internal NLB"])
+def test_no_pod_outside_the_ray_cluster_reaches_the_dashboard_or_gcs(overrides: dict[str, Any]) -> None:
+    policies, peers, _ = cluster(**overrides)
+    ray = ray_pods(peers)
+    others = [p for p in peers if p not in ray]
+    # The charts' controllers, our Jobs (one in the serving namespace itself), CoreDNS;
+    # of all of them, only the operator, and only to the head's dashboard.
+    assert {"Deployment/kuberay-operator", "Deployment/coredns"} <= {p.name for p in others}
+    assert any(p.namespace == "llm" for p in others)
+    outsider = Peer("a client outside the VPC", "198.51.100.10")
+    admitted = [
+        f"{src.name} -> {dst.name}:{port}"
+        for src in [*others, outsider]
+        for dst in ray
+        for port in CONTROL_PLANE_PORTS
+        if admits(policies, src, dst, port)
+    ]
+    assert admitted == ["Deployment/kuberay-operator -> pd-llm/head:8265"]
+
+
+def test_without_a_load_balancer_no_pod_outside_ray_reaches_the_endpoint() -> None:
+    policies, peers, _ = cluster()
+    ray = ray_pods(peers)
+    # Only the operator's health check; kubectl port-forward enters the pod's own network namespace.
+    admitted = {s.name for s in peers if s not in ray for d in ray if admits(policies, s, d, SERVE_PORT)}
+    assert admitted == {"Deployment/kuberay-operator"}
+
+
+def test_the_operator_is_selected_by_its_rendered_labels() -> None:
+    """The policy names the operator by the labels its chart really puts on the pod."""
+    _, peers, _ = cluster()
+    (operator,) = [p for p in peers if p.name == "Deployment/kuberay-operator"]
+    assert operator.namespace == KUBERAY_OPERATOR.namespace
+    assert operator.labels["app.kubernetes.io/name"] == KUBERAY_OPERATOR.chart
+    assert operator.labels["app.kubernetes.io/instance"] == KUBERAY_OPERATOR.release
+
+
+def test_default_deny_selects_every_pod_of_the_namespace() -> None:
+    policies, _, _ = cluster()
+    (deny,) = [p for p in policies if p["metadata"]["name"] == "default-deny-ingress"]
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": []}
+
+
+@pytest.mark.parametrize(
+    "removed",
+    ["ray-cluster-internal", "kuberay-operator-to-head", "metrics-from-control-plane", "serve-from-load-balancer"],
+)
+def test_removing_any_allow_rule_breaks_a_needed_path(removed: str) -> None:
+    policies, peers, subnets = cluster(**NLB)
+    assert removed in {p["metadata"]["name"] for p in policies}
+    remaining = [p for p in policies if p["metadata"]["name"] != removed]
+    assert refused(remaining, required_pairs(peers, subnets, nlb=True)) != []
+
+
+def test_the_vpc_cni_enforces_network_policies(template: dict[str, Any]) -> None:
+    (cni,) = [r for r in resources(template, "AWS::EKS::Addon").values() if r["Properties"]["AddonName"] == "vpc-cni"]
+    assert json.loads(cni["Properties"]["ConfigurationValues"]) == {"enableNetworkPolicy": "true"}
+
+
+def test_policies_exist_before_the_ray_pods(template: dict[str, Any]) -> None:
+    from tests.conftest import manifest_resource
+
+    rayservice = template["Resources"][manifest_resource(template, "RayService")]
+    for logical_id, r in resources(template, "Custom::AWSCDK-EKS-KubernetesResource").items():
+        if "NetworkPolicy" in json.dumps(r["Properties"]["Manifest"]):
+            assert logical_id in rayservice["DependsOn"]
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "matches"),
+    [
+        ({}, {"a": "1"}, True),
+        ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True),
+        ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
+        ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {}, False),
+        ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]}, {"a": "2"}, True),
+    ],
+)
+def test_selector_semantics(selector: dict[str, Any], labels: dict[str, str], matches: bool) -> None:
+    assert reachability.selector_matches(selector, labels) is matches
+
+
+def test_peer_and_port_semantics() -> None:
+    pod = Peer("p", "10.0.64.5", "llm", {"app": "x"}, {"web": 8000})
+    other_ns = Peer("q", "10.0.64.6", "other", {"app": "x"})
+    outside = Peer("ext", "192.0.2.1")
+    policy = {
+        "metadata": {"name": "t", "namespace": "llm"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "x"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"app": "x"}}}], "ports": [{"port": "web"}]},
+                {"from": [{"ipBlock": {"cidr": "192.0.2.0/24", "except": ["192.0.2.1/32"]}}]},
+                {
+                    "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "other"}}}],
+                    "ports": [{"port": 9000, "endPort": 9010}],
+                },
+            ],
+        },
+    }
+    assert admits([policy], pod, pod, 8000) and not admits([policy], pod, pod, 8001)
+    assert not admits([policy], other_ns, pod, 8000) and admits([policy], other_ns, pod, 9005)
+    assert not admits([policy], outside, pod, 8000)
+    assert admits([], outside, pod, 1)
