@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +32,8 @@ class Case:
 
 CASES = (
     Case("pd", passes=True),
+    # The same GPUs serving aggregated (serving_mode=aggregated): it serves, with no NIXL anywhere.
+    Case("aggregated", passes=True),
     # A product config with backends [UCX]: across two nodes decode's pre-warm fails the NIXL
     # handshake and the deploy fails; where UCX does connect, verify flags the UCX backend.
     Case(
@@ -62,7 +65,9 @@ def run_case(case: Case, out: Path) -> tuple[bool, str]:
     started = time.monotonic()
     command = [sys.executable, "-m", "rehearsal.run", "--case", case.name, "--logs", str(out / f"logs-{case.name}")]
     if case.passes:
-        command += ["--results", str(out / "bench")]
+        results = out / f"bench-{case.name}"
+        shutil.rmtree(results, ignore_errors=True)
+        command += ["--results", str(results)]
     try:
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=CASE_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
+    passed_cases = set()
     for case in CASES:
         if args.only and case.name not in args.only:
             continue
@@ -99,9 +105,34 @@ def main(argv: list[str] | None = None) -> int:
         ok, line = run_case(case, args.out)
         print(("OK   " if ok else "FAIL ") + line, flush=True)
         results.append(ok)
+        if ok:
+            passed_cases.add(case.name)
+    if {"pd", "aggregated"} <= passed_cases:
+        results.append(compare(args.out))
     passed = sum(results)
     print(f"rehearsal: {passed} passed, {len(results) - passed} failed")
     return 0 if all(results) else 1
+
+
+def compare(out: Path) -> bool:
+    """`tools.bench compare` on the two real result sets this run made."""
+    pd, aggregated = out / "bench-pd", out / "bench-aggregated"
+    print("=== bench compare: disaggregated vs aggregated (CPU: the plumbing, not a GPU's answer)", flush=True)
+    command = [
+        sys.executable,
+        "-m",
+        "tools.bench",
+        "compare",
+        str(pd),
+        str(aggregated),
+        "--out",
+        str(out / "compare.png"),
+    ]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    print(result.stdout + result.stderr, flush=True)
+    ok = result.returncode == 0 and "verdict:" in result.stdout and (out / "compare.png").exists()
+    print(("OK   " if ok else "FAIL ") + "bench compare", flush=True)
+    return ok
 
 
 if __name__ == "__main__":

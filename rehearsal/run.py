@@ -1,6 +1,6 @@
 """Run the product's own P/D application on this CPU: real vLLM engines, real NIXL LIBFABRIC transfers.
 
-    python -m rehearsal.run [--case pd|ucx|wrong-side-channel|no-plugin] [--logs DIR] [--results DIR]
+    python -m rehearsal.run [--case pd|aggregated|ucx|wrong-side-channel|no-plugin] [--logs DIR] [--results DIR]
 
 The serve config and the workers' environment come from the synthesized
 template (the RayService's serveConfigV2 and worker container), changed only
@@ -66,7 +66,7 @@ CPU_DELTAS: dict[str, str] = {
     "engine_kwargs.max_num_batched_tokens": "512: a CPU-sized batch",
     "engine_kwargs.max_num_seqs": "8: a CPU-sized batch",
     "engine_kwargs.dtype": "float32: this CPU has no fast bfloat16 path",
-    "runtime_env.env_vars.VLLM_CPU_OMP_THREADS_BIND": "one core per side (0 prefill, 1 decode)",
+    "runtime_env.env_vars.VLLM_CPU_OMP_THREADS_BIND": "one core per side (0 prefill, 1 decode); aggregated: both",
 }
 # Environment of the Ray processes here, beside the product's worker environment.
 CPU_ENV = {
@@ -76,8 +76,10 @@ CPU_ENV = {
     "HF_HUB_OFFLINE": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
-CORES = {"prefill": "0", "decode": "1"}
-CASE_NAMES = ("pd", "ucx", "wrong-side-channel", "no-plugin")
+CORES = {"prefill": "0", "decode": "1", "aggregated": "0-1"}
+CASE_NAMES = ("pd", "aggregated", "ucx", "wrong-side-channel", "no-plugin")
+# The cases that deploy the product in another serving mode (a setting, as a user would set it).
+CASE_SETTINGS = {"aggregated": {"serving_mode": "aggregated"}}
 DEPLOY_TIMEOUT_S = 720.0
 
 
@@ -86,14 +88,14 @@ class RehearsalError(RuntimeError):
 
 
 # --- What the product deploys, and the CPU deltas -----------------------------------------
-def product_rayservice() -> dict[str, Any]:
-    """The RayService in the synthesized template, on default settings."""
+def product_rayservice(overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    """The RayService in the synthesized template, on default settings (or with these overrides)."""
     os.environ.setdefault("CDK_VALIDATION", "false")
     from app import STACK_NAME, build_app
     from settings import project_context
     from tools.review import render
 
-    context = project_context(ROOT)
+    context = {**project_context(ROOT), **(overrides or {})}
     with tempfile.TemporaryDirectory() as out:
         os.environ["CDK_OUTDIR"] = out
         app, _, _ = build_app(context)
@@ -111,8 +113,13 @@ def cpu_serve_config(rayservice: dict[str, Any], model_dir: Path) -> dict[str, A
     """serveConfigV2 with CPU_DELTAS applied, and nothing else changed."""
     config: dict[str, Any] = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
     for app in config["applications"]:
-        for key, llm in app["args"].items():
-            side = key.removesuffix("_config")
+        args = app["args"]
+        llms = (
+            [("aggregated", c) for c in args["llm_configs"]]
+            if "llm_configs" in args
+            else [(key.removesuffix("_config"), c) for key, c in args.items()]
+        )
+        for side, llm in llms:
             llm["model_loading_config"]["model_source"] = str(model_dir)
             llm.pop("accelerator_type", None)
             for bundle in llm["placement_group_config"]["bundles"]:
@@ -357,7 +364,12 @@ def ray_logs(temp_dir: Path) -> str:
     return "\n".join(parts)
 
 
-def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
+def _metrics_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - our namespaces
+        return str(response.read().decode())
+
+
+def check(model_id: str, temp_dir: Path, expected_provider: str, aggregated: bool = False) -> Outcome:
     from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, http_json, metric_total
     from tools.verify import (
         Check,
@@ -367,29 +379,45 @@ def check(model_id: str, temp_dir: Path, expected_provider: str) -> Outcome:
         metrics_check,
         models_check,
         nixl_log_findings,
+        no_nixl_check,
         poll,
         poll_until_grown,
         prefill_check,
+        served_check,
     )
 
-    def metrics_text(url: str) -> str:
-        with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - our namespaces
-            return str(response.read().decode())
-
     def decode_counters() -> NixlSnapshot:
-        return NixlSnapshot.of(metrics_text(DECODE_METRICS))
+        return NixlSnapshot.of(_metrics_text(DECODE_METRICS))
 
     def prefill_tokens() -> float | None:
-        return metric_total(metrics_text(PREFILL_METRICS), PROMPT_TOKENS)
+        return metric_total(_metrics_text(PREFILL_METRICS), PROMPT_TOKENS)
+
+    def all_prompt_tokens() -> float | None:
+        found = [metric_total(_metrics_text(url), PROMPT_TOKENS) for url in (PREFILL_METRICS, DECODE_METRICS)]
+        present = [value for value in found if value is not None]
+        return sum(present) if present else None
+
+    def api() -> list[Any]:
+        """The endpoint's two calls; only after every counter's baseline is taken."""
+        return [
+            guard("GET /v1/models", lambda: models_check(http_json(f"{SERVE}/v1/models", timeout=120), model_id)),
+            guard("POST /v1/chat/completions", lambda: chat_check(SERVE, model_id)),
+        ]
+
+    if aggregated:
+        # The same checks `verify` makes in aggregated mode: a replica served it, and no NIXL anywhere.
+        tokens_before = all_prompt_tokens()
+        checks = api()
+        checks.append(served_check(tokens_before, poll(all_prompt_tokens, grew(tokens_before))))
+        node_metrics = {"node A": _metrics_text(PREFILL_METRICS), "node B": _metrics_text(DECODE_METRICS)}
+        checks.append(no_nixl_check(node_metrics, {"Ray and engine logs": ray_logs(temp_dir)}))
+        return Outcome(checks, [], {"prompt_tokens_before": tokens_before, "prompt_tokens_after": all_prompt_tokens()})
 
     before = decode_counters()
     # Decode's pre-warm already went through prefill: wait for Ray to export that, so that only
     # the chat below can make prefill's count grow.
     prompt_before = poll(prefill_tokens, lambda value: value is not None)
-    checks = [
-        guard("GET /v1/models", lambda: models_check(http_json(f"{SERVE}/v1/models", timeout=120), model_id)),
-        guard("POST /v1/chat/completions", lambda: chat_check(SERVE, model_id)),
-    ]
+    checks = api()
     after = poll_until_grown(decode_counters, before)
     checks.append(metrics_check(before, after))
     checks.append(prefill_check(prompt_before, poll(prefill_tokens, grew(prompt_before))))
@@ -415,33 +443,49 @@ BENCH_OUTPUT_LEN = 16
 BENCH_PROMPTS = 4
 
 
-def short_bench(model_id: str, model_dir: Path, out: Path) -> None:
-    """tools.bench's own sweep, at two small load points: results.csv and results.png in out/."""
+def short_bench(model_id: str, model_dir: Path, out: Path, headers: dict[str, str], aggregated: bool) -> None:
+    """tools.bench's own sweep, at two small load points: results.csv, results.png and metadata.json in out/."""
     from tools import bench
-    from tools.cluster_access import NixlSnapshot
-    from tools.verify import poll_until_grown
+    from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, metric_total
+    from tools.verify import grew, poll, poll_until_grown
 
     def snapshot() -> NixlSnapshot:
-        with urllib.request.urlopen(DECODE_METRICS, timeout=30) as response:
-            return NixlSnapshot.of(response.read().decode())
+        return NixlSnapshot.of(_metrics_text(DECODE_METRICS))
+
+    def prompt_tokens() -> float | None:
+        found = [metric_total(_metrics_text(url), PROMPT_TOKENS) for url in (PREFILL_METRICS, DECODE_METRICS)]
+        return sum(v for v in found if v is not None)
 
     out.mkdir(parents=True, exist_ok=True)
+    # Labelled from the live application, as bench labels a deployment from the live RayService.
+    live = _http(f"{DASHBOARD}/api/serve/applications/", headers=headers)
+    deployed = [app["deployed_app_config"] for app in live["applications"].values()]
+    metadata = {
+        "source": "the rehearsal's live Serve application",
+        **bench.describe_serve_config({"applications": deployed}),
+    }
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=2))
     rows = []
     for input_len, concurrency in BENCH_POINTS:
         point = bench.Point(input_len, concurrency)
         name = f"run-{input_len}-{concurrency}.json"
-        before = snapshot()
+        before, tokens_before = snapshot(), prompt_tokens()
         command = bench.bench_command(
             base_url=SERVE, model=model_id, point=point, output_len=BENCH_OUTPUT_LEN, num_prompts=BENCH_PROMPTS,
             result_dir=out, result_file=name, tokenizer=str(model_dir),
         )  # fmt: skip
         subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True)
-        # Ray exports counters every 10 s: wait for this point's transfers before the next point.
-        after = poll_until_grown(snapshot, before)
+        # Ray exports counters every 10 s: wait for this point's requests before the next point.
+        if aggregated:
+            poll(prompt_tokens, grew(tokens_before))
+            after = snapshot()
+        else:
+            after = poll_until_grown(snapshot, before)
         rows.append(bench.row(point, json.loads((out / name).read_text()), before, after))
     bench.write_csv(rows, out / "results.csv")
-    bench.write_chart(rows, out / "results.png", f"CPU rehearsal: {model_id} (tiny stand-in), P/D over NIXL tcp")
-    print(f"bench: {out / 'results.csv'}, {out / 'results.png'}")
+    mode = metadata["serving_mode"]
+    bench.write_chart(rows, out / "results.png", f"CPU rehearsal: {model_id} (tiny stand-in), {mode}")
+    print(f"bench ({mode}): {out / 'results.csv'}, {out / 'results.png'}")
 
 
 def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
@@ -458,7 +502,8 @@ def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
 
         model_dir = make(work / "model")
         phases["model"] = time.monotonic() - started
-        rayservice = product_rayservice()
+        rayservice = product_rayservice(CASE_SETTINGS.get(case))
+        aggregated = "llm_configs" in yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
         config = cpu_serve_config(rayservice, model_dir)
         env = {**os.environ, **product_worker_env(rayservice), **kuberay_auth_env(rayservice), **CPU_ENV}
         env["LD_LIBRARY_PATH"] = ":".join([*libs.library_dirs, env.get("LD_LIBRARY_PATH", "")])
@@ -470,11 +515,11 @@ def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
                 refusals = auth_checks(config, env)
                 deploy(config, temp_dir, kuberay_headers(env))
                 phases["deploy"] = time.monotonic() - started
-                outcome = check(_model_id(config), temp_dir, "tcp")
+                outcome = check(_model_id(config), temp_dir, "tcp", aggregated)
                 outcome.checks[:0] = refusals
                 phases["checks"] = time.monotonic() - started
-                if case == "pd" and outcome.ok and results is not None:
-                    short_bench(_model_id(config), model_dir, results)
+                if case in ("pd", "aggregated") and outcome.ok and results is not None:
+                    short_bench(_model_id(config), model_dir, results, kuberay_headers(env), aggregated)
                     phases["bench"] = time.monotonic() - started
             except Exception:
                 _keep_logs(temp_dir, logs_out)
@@ -500,7 +545,9 @@ def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
 
 
 def _model_id(config: dict[str, Any]) -> str:
-    return str(config["applications"][0]["args"]["decode_config"]["model_loading_config"]["model_id"])
+    args = config["applications"][0]["args"]
+    llm = args["llm_configs"][0] if "llm_configs" in args else args["decode_config"]
+    return str(llm["model_loading_config"]["model_id"])
 
 
 def apply_case(case: str, config: dict[str, Any], env: dict[str, str], libs: native.Libraries) -> None:
@@ -517,7 +564,7 @@ def apply_case(case: str, config: dict[str, Any], env: dict[str, str], libs: nat
         env_vars["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
     elif case == "no-plugin":
         env["LD_LIBRARY_PATH"] = ":".join(d for d in env["LD_LIBRARY_PATH"].split(":") if d != libs.libfabric_dir)
-    elif case != "pd":
+    elif case not in ("pd", "aggregated"):
         raise RehearsalError(f"unknown case {case!r}")
 
 

@@ -19,7 +19,7 @@ from serve_config import checks
 from serve_config.checks import DECODE as DECODE
 from serve_config.checks import PREFILL as PREFILL
 from serve_config.checks import SIDES as SIDES
-from settings import Settings
+from settings import Settings, sizing
 from settings.catalog import IMAGE_RAY_VERSION
 
 HERE = Path(__file__).parent
@@ -84,6 +84,9 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
     kv = engine["kv_transfer_config"]
     kv["engine_id"] = data["sides"][side]["engine_id"]
     kv["kv_buffer_device"] = kv_buffer_device(settings)
+    step = sizing.prefill_max_num_batched_tokens(settings)
+    if side == PREFILL and step is not None:
+        engine["max_num_batched_tokens"] = step
     for bundle in config["placement_group_config"]["bundles"]:
         bundle[side] = 1
     config["model_loading_config"] = {
@@ -97,9 +100,26 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
     return config
 
 
+def aggregated_llm_config(settings: Settings) -> dict[str, Any]:
+    """The one LLMConfig of aggregated mode: the sides' config without KV transfer or side resources."""
+    config = llm_config(settings, PREFILL)
+    del config["engine_kwargs"]["kv_transfer_config"]
+    config["engine_kwargs"].pop("max_num_batched_tokens", None)
+    config.pop("experimental_configs", None)
+    for bundle in config["placement_group_config"]["bundles"]:
+        del bundle[PREFILL]
+    config["deployment_config"] = {"num_replicas": settings.gpu_nodes}
+    return config
+
+
 def serve_application(settings: Settings) -> dict[str, Any]:
-    """One Serve application running build_pd_openai_app."""
-    app: dict[str, Any] = application_data()["application"]
+    """One Serve application: build_pd_openai_app, or build_openai_app in aggregated mode."""
+    data = application_data()
+    app: dict[str, Any] = data["application"]
+    if settings.serving_mode == "aggregated":
+        app["import_path"] = data["aggregated_import_path"]
+        app["args"] = {"llm_configs": [aggregated_llm_config(settings)]}
+        return app
     app["args"] = {f"{side}_config": llm_config(settings, side) for side in SIDES}
     return app
 

@@ -39,6 +39,20 @@ def _advertised(group: dict[str, Any]) -> dict[str, float]:
         return {}  # reported on its own by problems()
 
 
+def _aggregated_problems(configs: list[dict[str, Any]]) -> list[str]:
+    """Aggregated mode: no KV transfer, and bundles any worker group can hold."""
+    found = []
+    for config in configs:
+        name = config.get("model_loading_config", {}).get("model_id")
+        if _kv(config):
+            found.append(f"aggregated {name}: kv_transfer_config is set; aggregated replicas transfer no KV")
+        bundles = config.get("placement_group_config", {}).get("bundles", [])
+        pinned = sorted({k for b in bundles for k in b if k not in ("CPU", "GPU", "memory")})
+        if pinned:
+            found.append(f"aggregated {name}: bundles ask for {pinned}, which pins replicas to one worker group")
+    return found
+
+
 def problems(rayservice: dict[str, Any]) -> list[str]:
     """Every way the RayService breaks disaggregation over NIXL/LIBFABRIC; empty when sound."""
     found: list[str] = []
@@ -46,6 +60,9 @@ def problems(rayservice: dict[str, Any]) -> list[str]:
     groups = spec["rayClusterConfig"].get("workerGroupSpecs", [])
     for app in yaml.safe_load(spec["serveConfigV2"])["applications"]:
         args = app.get("args", {})
+        if "llm_configs" in args:
+            found += _aggregated_problems(args["llm_configs"])
+            continue
         sides = {side: args.get(f"{side}_config", {}) for side in SIDES}
         for side, config in sides.items():
             kv = _kv(config)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from settings.model import Settings, kv_cache_bytes_per_token
+from settings import sizing
+from settings.model import Settings
 
 # --- Prices ---------------------------------------------------------------------
 PRICE_REGION = "us-east-1"
@@ -70,91 +71,43 @@ def cost_summary(s: Settings) -> str:
     return text + ")"
 
 
-# --- KV-transfer budget -----------------------------------------------------------
-# EC2 network bandwidth: one flow (one TCP connection, as UCX over TCP uses per
-# peer) is limited to 5 Gbps outside a cluster placement group and 10 Gbps inside
-# one (EC2 user guide, "Amazon EC2 instance network bandwidth"); EFA's SRD spreads
-# one transfer over many paths and reaches the instance's full bandwidth.
-SINGLE_FLOW_GBPS_IN_PLACEMENT_GROUP = 10.0
-# Without GPUDirect RDMA (G6, G5, G6e) NIXL stages KV blocks in host memory:
-# one GPU-to-host copy on prefill and one host-to-GPU copy on decode. PCIe Gen4
-# x16 (NVIDIA L4, A10G, L40S datasheets) moves ~25 GB/s per direction in practice
-# (an assumption; 32 GB/s is the link's peak).
-PCIE_STAGING_BYTES_PER_S = 25e9
-# Share of peak BF16 tensor throughput a prefill reaches (model FLOPs utilization);
-# 40% is a common planning figure for dense prefill on one GPU (an assumption).
-PREFILL_MFU = 0.40
-# Disaggregation pays when moving the KV cache costs well under the prefill it
-# saves decode from doing; flag transfers above this share of the prefill time.
-TRANSFER_BUDGET_SHARE = 0.25
-PROMPT_LENGTHS = (1024, 8192, 32768)
-
-
-@dataclass(frozen=True)
-class TransferPlan:
-    prompt_tokens: int
-    kv_bytes: int
-    efa_seconds: float
-    tcp_seconds: float
-    prefill_seconds: float
-
-    @property
-    def efa_share(self) -> float:
-        return self.efa_seconds / self.prefill_seconds
-
-    @property
-    def tcp_share(self) -> float:
-        return self.tcp_seconds / self.prefill_seconds
-
-    @property
-    def fits_budget(self) -> bool:
-        return self.efa_share <= TRANSFER_BUDGET_SHARE
-
-
-def transfer_plan(s: Settings, prompt_tokens: int) -> TransferPlan:
-    """KV bytes for one prompt, their transfer time over EFA and over one TCP flow, and the prefill time.
-
-    Transfer times include the two PCIe copies through host memory where the
-    instance has no GPUDirect RDMA.
-    Prefill FLOPs are 2 x parameters x tokens (the attention term, quadratic in
-    length, is left out: it makes long prompts slower to prefill, so the shares
-    below are upper bounds).
-    """
-    model, gpu = s.model, s.gpu_instance
-    kv_bytes = kv_cache_bytes_per_token(model) * prompt_tokens
-    efa_bytes_per_s = gpu.network_gbps * 1e9 / 8
-    tcp_bytes_per_s = min(gpu.network_gbps, SINGLE_FLOW_GBPS_IN_PLACEMENT_GROUP) * 1e9 / 8
-    staging = 0.0 if gpu.gpudirect_rdma else 2 * kv_bytes / PCIE_STAGING_BYTES_PER_S
-    flops = 2 * model.parameters_billion * 1e9 * prompt_tokens
-    prefill_seconds = flops / (gpu.gpu_bf16_tflops * 1e12 * PREFILL_MFU)
-    return TransferPlan(
-        prompt_tokens,
-        kv_bytes,
-        kv_bytes / efa_bytes_per_s + staging,
-        kv_bytes / tcp_bytes_per_s + staging,
-        prefill_seconds,
-    )
-
-
+# --- KV-transfer budget and whether P/D pays ---------------------------------------
 def plan_table(s: Settings) -> str:
-    """The KV-transfer budget as a table, for `make plan` and synth."""
-    per_token = kv_cache_bytes_per_token(s.model)
+    """The KV-transfer budget and the per-length verdict, for `make plan` and synth (numbers from settings.sizing)."""
     gpu = s.gpu_instance
+    per_token = sizing.kv_cache_bytes_per_token(s.model)
+    step = sizing.prefill_max_num_batched_tokens(s) or sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS
     rows = [
-        f"KV cache: {per_token:,} bytes per prompt token ({s.model_id}); "
-        f"{s.gpu_instance_type}: {gpu.network_gbps:g} Gbps EFA, one {gpu.gpu_model} at "
-        f"{gpu.gpu_bf16_tflops:g} BF16 TFLOPS x {PREFILL_MFU:.0%} MFU"
-        + ("" if gpu.gpudirect_rdma else "; KV staged through host memory (no GPUDirect RDMA)"),
-        f"{'prompt':>8} {'KV MB':>9} {'EFA ms':>8} {'TCP ms':>8} {'prefill ms':>11} {'EFA/prefill':>12} "
-        f"{'TCP/prefill':>12}  verdict",
+        f"KV cache: {per_token:,} bytes per prompt token ({s.model_id}); {s.gpu_instance_type}: "
+        f"{gpu.network_gbps:g} Gbps EFA (NIXL in vLLM at most {sizing.NIXL_IN_VLLM_BYTES_PER_S / 1e9:g} GB/s), "
+        f"one {gpu.gpu_model} at {gpu.gpu_bf16_tflops:g} BF16 TFLOPS x {sizing.PREFILL_MFU:.0%} MFU"
+        + (
+            ""
+            if gpu.gpudirect_rdma
+            else f"; KV staged through pageable host memory at {sizing.PAGEABLE_COPY_BYTES_PER_S / 1e9:g} GB/s "
+            "each way (no GPUDirect RDMA)"
+        ),
+        f"Decode's KV cache: {sizing.kv_cache_tokens(s):,} tokens per GPU; prefill step {step} tokens "
+        f"({'set on the prefill engine' if sizing.prefill_max_num_batched_tokens(s) else 'vLLM default'})",
+        f"{'prompt':>7} {'KV MB':>8} {'staging':>8} {'EFA wire':>8} {'TCP wire':>8} {'prefill':>8} {'chunks':>6} "
+        f"{'EFA/prefill':>11} {'seqs fit':>8}  P/D pays?",
     ]
-    for tokens in PROMPT_LENGTHS:
-        p = transfer_plan(s, tokens)
-        verdict = "ok" if p.fits_budget else f"over {TRANSFER_BUDGET_SHARE:.0%} of prefill: disaggregation may not pay"
-        if tokens > s.max_model_len:
-            verdict += f" (beyond max_model_len {s.max_model_len})"
+    reasons = []
+    for tokens in sizing.PROMPT_LENGTHS:
+        p = sizing.transfer_plan(s, tokens)
+        verdict, why = sizing.disaggregation_verdict(s, p)
+        beyond = " (beyond max_model_len)" if tokens > s.max_model_len else ""
         rows.append(
-            f"{tokens:>8} {p.kv_bytes / 1e6:>9.1f} {p.efa_seconds * 1e3:>8.1f} {p.tcp_seconds * 1e3:>8.1f} "
-            f"{p.prefill_seconds * 1e3:>11.1f} {p.efa_share:>12.1%} {p.tcp_share:>12.1%}  {verdict}"
+            f"{tokens:>7} {p.kv_bytes / 1e6:>8.1f} {p.staging_seconds * 1e3:>6.0f}ms "
+            f"{p.efa_wire_seconds * 1e3:>6.0f}ms {p.tcp_wire_seconds * 1e3:>6.0f}ms "
+            f"{p.prefill_seconds * 1e3:>6.0f}ms {p.prefill_chunks:>6} "
+            f"{p.efa_share:>11.1%} {p.decode_sequences:>8}  {verdict}{beyond}"
         )
+        reasons.append(f"  {tokens}: {verdict}: {why}")
+    rows += reasons
+    rows.append(
+        "Calibrated on public numbers (../shared/FACTS.md): pageable copies 5-10 GB/s, NIXL 4-5 GB/s inside "
+        "vLLM, Mooncake on A10, SageMaker HyperPod's 4k-prompt/70B guidance. Measure yours: "
+        "python -m tools.bench compare <disaggregated results> <aggregated results>"
+    )
     return "\n".join(rows)

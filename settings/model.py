@@ -8,8 +8,12 @@ import re
 from dataclasses import dataclass, fields
 
 from settings import catalog
+from settings.sizing import gpu_memory_plan_gib
 
 ENDPOINT_ACCESS_MODES: tuple[str, ...] = ("public_and_private", "private")
+# disaggregated: prefill and decode on their own GPU nodes, KV over NIXL;
+# aggregated: the same GPU nodes, each replica prefills and decodes its own requests.
+SERVING_MODES: tuple[str, ...] = ("disaggregated", "aggregated")
 
 
 class SettingsError(ValueError):
@@ -76,6 +80,9 @@ class Settings:
     gpu_memory_utilization: float = 0.90
     prefill_replicas: int = 1
     decode_replicas: int = 1
+    # aggregated: prefill_replicas + decode_replicas replicas that each do both,
+    # on the same GPU nodes, for comparing the two (README "Should I disaggregate?").
+    serving_mode: str = "disaggregated"
     ray_image: str = catalog.DEFAULT_RAY_IMAGE
     serving_namespace: str = "llm"
     # Ray's token authentication (KubeRay authOptions): the dashboard, job API
@@ -144,20 +151,6 @@ def _ipv4_network(text: str) -> ipaddress.IPv4Network | None:
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
     if not ok:
         raise SettingsError(key, value, allowed)
-
-
-def kv_cache_bytes_per_token(model: catalog.ModelSpec) -> int:
-    """K and V, for every layer and KV head, in the model's dtype."""
-    return 2 * model.layers * model.kv_heads * model.head_dim * model.dtype_bytes
-
-
-def gpu_memory_plan_gib(s: Settings) -> tuple[float, float, float]:
-    """(weights, KV cache for one max_model_len sequence, GPU budget) in GiB."""
-    model = s.model
-    weights = model.parameters_billion * 1e9 * model.dtype_bytes / 2**30
-    kv = kv_cache_bytes_per_token(model) * s.max_model_len / 2**30
-    budget = s.gpu_instance.gpu_memory_gib * s.gpu_memory_utilization - catalog.ENGINE_OVERHEAD_GIB
-    return weights, kv, budget
 
 
 def validate(s: Settings) -> Settings:
@@ -315,6 +308,7 @@ def validate(s: Settings) -> Settings:
     _require(0.5 <= s.gpu_memory_utilization <= 0.95, "gpu_memory_utilization", s.gpu_memory_utilization, "0.5 to 0.95")
     _require(1 <= s.prefill_replicas <= 16, "prefill_replicas", s.prefill_replicas, "1 to 16")
     _require(1 <= s.decode_replicas <= 16, "decode_replicas", s.decode_replicas, "1 to 16")
+    _require(s.serving_mode in SERVING_MODES, "serving_mode", s.serving_mode, f"one of {list(SERVING_MODES)}")
     assert gpu is not None
     weights, kv, budget = gpu_memory_plan_gib(s)
     _require(

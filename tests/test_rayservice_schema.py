@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import shared_file
+from tests.conftest import rayservice_from, shared_file, synth
 from tests.kuberay_schema import validation_errors
 
 CRD = "kuberay-v1.7.0/ray.io_rayservices.yaml"
@@ -15,6 +15,11 @@ CRD = "kuberay-v1.7.0/ray.io_rayservices.yaml"
 
 def test_synthesized_rayservice_is_valid(rayservice: dict[str, Any]) -> None:
     assert validation_errors(rayservice, shared_file(CRD)) == []
+
+
+@pytest.mark.parametrize("overrides", [{"serving_mode": "aggregated"}, {"ray_token_auth": "false"}])
+def test_other_modes_are_valid(overrides: dict[str, Any]) -> None:
+    assert validation_errors(rayservice_from(synth(**overrides)), shared_file(CRD)) == []
 
 
 def _broken_replica(doc: dict[str, Any]) -> None:

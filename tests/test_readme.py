@@ -29,3 +29,12 @@ def test_every_setting_is_in_the_settings_table() -> None:
         documented.update(stem + suffix for suffix in suffixes if suffix)
     missing = sorted(set(SETTING_NAMES) - documented)
     assert missing == [], f"settings missing from README's table: {missing}"
+
+
+def test_should_i_disaggregate_shows_the_plan_on_the_defaults() -> None:
+    from settings import Settings
+    from settings.estimates import cost_summary, plan_table
+
+    section = README.split("## Should I disaggregate?", 1)[1]
+    block = section.split("```\n", 1)[1].split("```", 1)[0]
+    assert block == f"{plan_table(Settings())}\nEstimated cost: {cost_summary(Settings())}\n"

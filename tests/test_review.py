@@ -28,13 +28,16 @@ def test_a_serve_setting_change_is_a_small_line_diff() -> None:
     after = review.kubernetes_review(synth(max_model_len="4096")).splitlines()
     changed = [line for line in difflib.unified_diff(before, after, lineterm="", n=0) if line[:1] in "+-"]
     changed = [line for line in changed if not line.startswith(("+++", "---"))]
-    # One line out and one in, for each side's engine settings: nothing else moves.
-    assert len(changed) == 4, changed
+    # One line out and one in for each side's max_model_len, and for prefill's step
+    # (a whole prompt per step, settings/sizing.py): nothing else moves.
+    assert len(changed) == 6, changed
     assert sorted(line[0] + line[1:].strip() for line in changed) == [
         "+max_model_len: 4096",
         "+max_model_len: 4096",
+        "+max_num_batched_tokens: 4096",
         "-max_model_len: 8192",
         "-max_model_len: 8192",
+        "-max_num_batched_tokens: 8192",
     ]
 
 

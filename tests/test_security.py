@@ -125,8 +125,8 @@ def test_no_nlb_by_default(template: dict[str, Any]) -> None:
     assert not [m for m in manifests(template) if m["kind"] == "Service"]
 
 
-def test_token_synced_by_external_secrets_with_one_secret_policy() -> None:
-    template = synth(**TOKEN_SETTINGS)
+def external_secrets_policy(template: dict[str, Any]) -> dict[str, Any]:
+    """The properties of the one IAM policy on the External Secrets Pod Identity role."""
     association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount="external-secrets")
     role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
     (policy,) = [
@@ -134,6 +134,13 @@ def test_token_synced_by_external_secrets_with_one_secret_policy() -> None:
         for p in resources(template, "AWS::IAM::Policy").values()
         if {"Ref": role_id} in p["Properties"]["Roles"]
     ]
+    found: dict[str, Any] = policy
+    return found
+
+
+def test_token_synced_by_external_secrets_with_one_secret_policy() -> None:
+    template = synth(**TOKEN_SETTINGS)
+    policy = external_secrets_policy(template)
     (statement,) = policy["PolicyDocument"]["Statement"]
     assert sorted(statement["Action"]) == ["secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue"]
     assert render(statement["Resource"]).endswith(":secret:prod/hf-token-??????")
@@ -147,13 +154,7 @@ def test_token_synced_by_external_secrets_with_one_secret_policy() -> None:
 def test_a_customer_managed_token_key_is_decryptable_through_secrets_manager_only() -> None:
     key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     template = synth(**TOKEN_SETTINGS, hf_token_kms_key_arn=key)
-    association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount="external-secrets")
-    role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
-    (policy,) = [
-        p["Properties"]
-        for p in resources(template, "AWS::IAM::Policy").values()
-        if {"Ref": role_id} in p["Properties"]["Roles"]
-    ]
+    policy = external_secrets_policy(template)
     (decrypt,) = [s for s in policy["PolicyDocument"]["Statement"] if s["Action"] == "kms:Decrypt"]
     assert decrypt["Resource"] == key
     via = render(decrypt["Condition"]["StringEquals"]["kms:ViaService"])

@@ -341,3 +341,78 @@ def test_llm_config_accepts_the_prewarm_setting(rayservice: dict[str, Any]) -> N
 
     config = LLMConfig.model_validate(copy.deepcopy(_args(rayservice)["decode_config"]))
     assert config.experimental_configs.get("_prewarm_prefill_decode") is True
+
+
+# --- serving_mode aggregated: the baseline on the same GPUs ---------------------------------
+AGGREGATED = {"serving_mode": "aggregated"}
+
+
+def test_aggregated_mode_runs_build_openai_app_without_kv_transfer() -> None:
+    from tests.conftest import rayservice_from, synth
+
+    doc = rayservice_from(synth(**AGGREGATED))
+    (app,) = yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"]
+    assert app["import_path"] == "ray.serve.llm:build_openai_app"
+    (config,) = app["args"]["llm_configs"]
+    assert "kv_transfer_config" not in config["engine_kwargs"]
+    assert config["placement_group_config"]["bundles"] == [{"CPU": 4, "GPU": 1}]
+    assert config["deployment_config"] == {"num_replicas": 2}
+    assert problems(doc) == []
+    # Everything else is the same RayService: switching mode does not rebuild the Ray cluster.
+    default = rayservice_from(synth())
+    assert doc["spec"]["rayClusterConfig"] == default["spec"]["rayClusterConfig"]
+    assert doc["metadata"]["labels"] == default["metadata"]["labels"]
+
+
+def test_our_checks_reject_kv_transfer_or_a_pinned_bundle_in_aggregated_mode() -> None:
+    from tests.conftest import rayservice_from, synth
+
+    doc = copy.deepcopy(rayservice_from(synth(**AGGREGATED)))
+    config = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    llm = config["applications"][0]["args"]["llm_configs"][0]
+    llm["engine_kwargs"]["kv_transfer_config"] = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    llm["placement_group_config"]["bundles"][0]["decode"] = 1
+    doc["spec"]["serveConfigV2"] = yaml.safe_dump(config)
+    found = problems(doc)
+    assert any("kv_transfer_config is set" in p for p in found)
+    assert any("pins replicas to one worker group" in p for p in found)
+
+
+def test_prefill_takes_a_whole_prompt_per_step_and_decode_keeps_vllms_default(rayservice: dict[str, Any]) -> None:
+    args = _args(rayservice)
+    assert args["prefill_config"]["engine_kwargs"]["max_num_batched_tokens"] == 8192
+    assert "max_num_batched_tokens" not in args["decode_config"]["engine_kwargs"]
+
+
+@serve
+@one_ray
+def test_build_openai_app_builds_the_aggregated_replicas(local_ray: None) -> None:
+    from ray.serve._private.build_app import build_app
+    from ray.serve.llm import build_openai_app
+    from ray.serve.schema import ServeDeploySchema
+
+    from tests.conftest import rayservice_from, synth
+
+    doc = yaml.safe_load(rayservice_from(synth(**AGGREGATED))["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(doc)
+    built = build_app(build_openai_app(doc["applications"][0]["args"]), name="llm")
+    deployments = {d.name: d for d in built.deployments}
+    (server,) = [d for name, d in deployments.items() if "Qwen" in name]
+    assert server._deployment_config.num_replicas == 2
+    (bundle,) = server._replica_config.placement_group_bundles
+    # Ray adds the replica actor's CPU and the accelerator type; no side resource pins it.
+    assert bundle["GPU"] == 1 and not {k for k in bundle if k not in ("CPU", "GPU", "accelerator_type:L4")}
+    assert len(deployments) == 2  # ingress and the one LLM server
+
+
+@serve
+def test_vllm_accepts_the_aggregated_engine_kwargs() -> None:
+    require_serve_deps()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from tests.conftest import rayservice_from, synth
+
+    doc = yaml.safe_load(rayservice_from(synth(**AGGREGATED))["spec"]["serveConfigV2"])
+    (config,) = doc["applications"][0]["args"]["llm_configs"]
+    args = AsyncEngineArgs(model=config["model_loading_config"]["model_source"], **config["engine_kwargs"])
+    assert args.kv_transfer_config is None

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from settings import Settings, SettingsError, settings_from, settings_from_cli
-from settings.model import gpu_memory_plan_gib
+from settings.sizing import gpu_memory_plan_gib
 from tests.conftest import PROJECT_CONTEXT, ROOT
 
 # (overrides, the key the error must name, a fragment of what is allowed)

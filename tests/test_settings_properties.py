@@ -44,6 +44,7 @@ CANDIDATES: dict[str, list[Any]] = {
     "gpu_memory_utilization": [0.5, 0.8, 0.9, 0.95, 0.99, "high"],
     "prefill_replicas": [1, 2, 4, 0, 17],
     "decode_replicas": [1, 2, 0, 20],
+    "serving_mode": ["disaggregated", "aggregated", "split"],
     "ray_image": ["public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0", "rayproject/ray:2.58.0", "bad"],
     "serving_namespace": ["llm", "LLM", "a" * 70],
     "ray_token_auth": [True, False, "off", "sometimes"],

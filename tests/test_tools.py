@@ -231,3 +231,98 @@ def test_prefill_tokens_are_polled_until_they_grow() -> None:
     assert poll(lambda: next(readings), grew(1.0), sleep=slept.append) == 180.0
     assert slept == [2.0, 2.0, 2.0]
     assert grew(None)(1.0) and not grew(1.0)(1.0) and not grew(None)(None)
+
+
+# --- bench compare, on crafted result sets whose answer is known -------------------------------
+def _result_set(folder: Path, mode: str, points: dict[tuple[int, int], tuple[float, float, float]]) -> Path:
+    """A bench folder: per point (TTFT s, inter-token s, throughput tok/s) for 10 requests over 10 s."""
+    folder.mkdir(parents=True)
+    (folder / "metadata.json").write_text(json.dumps({"serving_mode": mode}))
+    rows = []
+    for (n, c), (ttft, itl, throughput) in points.items():
+        result = {"duration": 10.0, "ttfts": [ttft] * 10, "itls": [[itl] * 15] * 10, "errors": [""] * 10}
+        (folder / f"run-{n}-{c}.json").write_text(json.dumps(result))
+        rows.append(
+            {
+                "input_len": n, "concurrency": c, "completed": 10, "median_ttft_ms": ttft * 1e3,
+                "p99_ttft_ms": ttft * 1.2e3, "median_itl_ms": itl * 1e3, "p99_itl_ms": itl * 1.5e3,
+                "output_throughput": throughput, "request_throughput": 1.0,
+                "nixl_transfers": 10 if mode == "disaggregated" else 0, "nixl_ms_per_transfer": None, "nixl_failed": 0,
+            }
+        )  # fmt: skip
+    bench.write_csv(rows, folder / "results.csv")
+    return folder
+
+
+GOOD, SLOW_TTFT = (0.5, 0.05, 100.0), (3.0, 0.05, 100.0)
+
+
+@pytest.mark.parametrize(
+    ("pd", "agg", "expected"),
+    [
+        ({(512, 1): GOOD, (4096, 8): GOOD}, {(512, 1): SLOW_TTFT, (4096, 8): SLOW_TTFT}, "disaggregated wins at every"),
+        ({(512, 1): SLOW_TTFT, (4096, 8): SLOW_TTFT}, {(512, 1): GOOD, (4096, 8): GOOD}, "aggregated wins at every"),
+        (
+            {(512, 1): SLOW_TTFT, (4096, 8): GOOD},
+            {(512, 1): GOOD, (4096, 8): SLOW_TTFT},
+            "split: disaggregated wins at 4096 tokens x 8; aggregated wins at 512 tokens x 1",
+        ),
+    ],
+    ids=["pd-wins", "pd-loses", "split"],
+)
+def test_compare_gives_the_known_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pd: Any, agg: Any, expected: str
+) -> None:
+    from tools import bench_compare
+
+    a = _result_set(tmp_path / "pd", "disaggregated", pd)
+    b = _result_set(tmp_path / "agg", "aggregated", agg)
+    assert bench.main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert f"verdict: {expected}" in out
+    assert (a / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with (a / "compare.csv").open() as handle:
+        assert len(list(csv.DictReader(handle))) == 2
+    # Under a looser TTFT SLO both meet it everywhere: throughput is equal, so no winner.
+    assert bench_compare.main([str(a), str(b), "--ttft-slo-ms", "5000"]) == 0
+    assert "no difference beyond 5% at any load point" in capsys.readouterr().out
+
+
+def test_goodput_counts_only_requests_within_both_slos_and_without_errors() -> None:
+    from tools.bench_compare import goodput
+
+    result = {
+        "duration": 2.0,
+        "ttfts": [0.1, 0.1, 3.0, 0.1],
+        "itls": [[0.01, 0.03], [0.5], [0.01], [0.01]],
+        "errors": ["", "", "", "timeout"],
+    }
+    assert goodput(result, 2000, 100) == 0.5  # only the first: slow ITL, slow TTFT, an error
+    assert goodput({"duration": 1.0}, 2000, 100) is None
+
+
+def test_bench_labels_the_result_with_the_live_mode() -> None:
+    import yaml
+
+    import serve_config
+
+    for mode in ("disaggregated", "aggregated"):
+        config = yaml.safe_load(serve_config.serve_config_v2(Settings(serving_mode=mode)))
+        described = bench.describe_serve_config(config)
+        assert described["serving_mode"] == mode
+        assert described["model_id"] == "Qwen/Qwen3-8B"
+    pd = bench.describe_serve_config(yaml.safe_load(serve_config.serve_config_v2(Settings())))
+    assert pd["replicas"] == {"prefill": 1, "decode": 1}
+    assert pd["engine_kwargs"]["prefill"]["max_num_batched_tokens"] == 8192
+
+
+def test_aggregated_verify_wants_no_nixl_at_all() -> None:
+    from tools.verify import no_nixl_check, served_check
+
+    quiet = 'ray_vllm_prompt_tokens_total{model_name="m"} 12.0\n'
+    assert no_nixl_check({"w1": quiet, "w2": quiet}, {"w1": "", "w2": ""}).ok
+    nixl_metrics = (DATA / "decode_metrics_after.prom").read_text()
+    assert not no_nixl_check({"w1": quiet, "w2": nixl_metrics}, {}).ok
+    logs = (DATA / "ray_logs_libfabric.txt").read_text()
+    assert "NIXL backend" in no_nixl_check({"w1": quiet}, {"w1": logs}).detail
+    assert served_check(0.0, 12.0).ok and not served_check(12.0, 12.0).ok and not served_check(None, None).ok

@@ -1,12 +1,20 @@
-"""After `cdk deploy`: sweep prompt length and concurrency against the endpoint with `vllm bench serve`.
+"""After `cdk deploy`: sweep prompt length and concurrency against the endpoint with `vllm bench serve`,
+and compare two such sweeps.
 
     python -m tools.bench [-c key=value ...] [--input-lens 512,2048,6144] [--concurrency 1,4,16]
                           [--output-len 128] [--prompts-per-run 64] [--out bench-results]
+    python -m tools.bench compare A B [--ttft-slo-ms 2000] [--itl-slo-ms 100] [--out compare.png]
 
 For each point it runs vLLM's own load generator (random prompts, the model's
 tokenizer), reads decode's NIXL counters before and after, and writes
 results.csv and results.png (TTFT, inter-token latency, throughput, KV
-transfer time per request) to --out. Progress is printed as it goes.
+transfer time per request) to --out, with each point's vLLM result (every
+request's TTFT and inter-token latencies) and metadata.json: the serving mode
+and settings read from the live RayService. Progress is printed as it goes.
+
+`compare` puts two result folders side by side per load point (TTFT and
+inter-token latency p50/p99, throughput, goodput under the SLOs), names the
+winner of each point and overall, and writes a PNG and a CSV.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,7 @@ from settings import Settings, settings_from_cli
 from tools.cluster_access import (
     ClusterUnreachableError,
     NixlSnapshot,
+    kubectl_json,
     metrics_text,
     port_forward,
     unreachable_message,
@@ -84,6 +93,8 @@ def bench_command(
         "--metric-percentiles", "50,99",
         "--seed", "0",
         "--save-result",
+        # Every request's TTFT and inter-token latencies: compare computes goodput under any SLOs from them.
+        "--save-detailed",
         "--result-dir", str(result_dir),
         "--result-filename", result_file,
         *extra,
@@ -148,6 +159,40 @@ def write_chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
+# --- What was measured: the live RayService ---------------------------------------------------------
+def describe_serve_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The serving mode and the settings that shape performance, read from a deployed serve config."""
+    (app,) = config["applications"]
+    args = app.get("args", {})
+    if app["import_path"].endswith("build_pd_openai_app"):
+        mode, llms = "disaggregated", {side: args[f"{side}_config"] for side in ("prefill", "decode")}
+    else:
+        mode, llms = "aggregated", {"replica": args["llm_configs"][0]}
+    return {
+        "serving_mode": mode,
+        "model_id": next(iter(llms.values()))["model_loading_config"]["model_id"],
+        "replicas": {k: v.get("deployment_config", {}).get("num_replicas") for k, v in llms.items()},
+        "engine_kwargs": {
+            k: {
+                name: v["engine_kwargs"].get(name)
+                for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization")
+            }
+            for k, v in llms.items()
+        },
+    }
+
+
+def live_metadata(settings: Settings) -> dict[str, Any]:
+    """describe_serve_config of the RayService running now (not of the local settings)."""
+    import yaml
+
+    doc = kubectl_json("get", "rayservice", "-n", settings.serving_namespace, settings.service_name)
+    return {
+        "source": f"live RayService {settings.serving_namespace}/{settings.service_name}",
+        **describe_serve_config(yaml.safe_load(doc["spec"]["serveConfigV2"])),
+    }
+
+
 def _csv_ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
@@ -190,6 +235,11 @@ def sweep(
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    if raw[:1] == ["compare"]:
+        from tools.bench_compare import main as compare_main
+
+        return compare_main(raw[1:])
     parser = argparse.ArgumentParser(description="Benchmark the deployed endpoint with vllm bench serve")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--input-lens", type=_csv_ints, default=[512, 2048, 6144])
@@ -197,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--prompts-per-run", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    args = parser.parse_args(argv)
+    args = parser.parse_args(raw)
     settings = settings_from_cli(args.context)
     too_long = [n for n in args.input_lens if n + args.output_len > settings.max_model_len]
     if too_long:
@@ -208,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     points = [Point(n, c) for n in args.input_lens for c in args.concurrency]
     try:
+        metadata = live_metadata(settings)
+        print(f"measuring the {metadata['serving_mode']} deployment ({metadata['source']})", flush=True)
         rows = sweep(settings, points, args.output_len, args.prompts_per_run, args.out)
     except ClusterUnreachableError as err:
         print(unreachable_message(settings, err), file=sys.stderr)
@@ -219,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     write_chart(rows, args.out / "results.png", title)
     (args.out / "settings.json").write_text(json.dumps(asdict(settings), indent=2, default=list))
+    (args.out / "metadata.json").write_text(json.dumps(metadata, indent=2))
     print(f"wrote {args.out / 'results.csv'} and {args.out / 'results.png'}")
     return 0
 

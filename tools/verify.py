@@ -22,7 +22,7 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,7 +30,9 @@ from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, serve
 from settings import Settings, settings_from_cli
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
 from tools.cluster_access import (
+    FAILED_TRANSFERS,
     PROMPT_TOKENS,
+    XFER_COUNT,
     ClusterUnreachableError,
     NixlSnapshot,
     http_json,
@@ -209,6 +211,29 @@ def metrics_check(before: NixlSnapshot, after: NixlSnapshot) -> Check:
     return Check("decode pulled KV over NIXL", ok, detail)
 
 
+def no_nixl_check(metrics: Mapping[str, str], logs: Mapping[str, str]) -> Check:
+    """Aggregated mode: no worker has NIXL metrics or NIXL log lines; no KV moves between replicas."""
+    problems = []
+    for pod, text in sorted(metrics.items()):
+        present = [name for name in (XFER_COUNT, FAILED_TRANSFERS) if metric_total(text, name) is not None]
+        if present:
+            problems.append(f"{pod}: {', '.join(present)} exported")
+    for pod, text in sorted(logs.items()):
+        found = nixl_log_findings(text)
+        if found.instantiated or found.rail_providers:
+            problems.append(
+                f"{pod}: NIXL backend {sorted(found.instantiated) or sorted(found.rail_providers)} in its logs"
+            )
+    detail = "; ".join(problems) or f"no NIXL metrics or log lines on {len(metrics)} workers"
+    return Check("no NIXL activity (aggregated)", not problems, detail)
+
+
+def served_check(before: float | None, after: float | None) -> Check:
+    """Aggregated mode: the workers' prompt-token counters grew: a replica served it, and Ray exported that."""
+    ok = after is not None and (before or 0.0) < after
+    return Check("a replica served the request", ok, f"workers' vllm:prompt_tokens {before} -> {after}")
+
+
 def guard(name: str, fn: Callable[[], Check]) -> Check:
     try:
         return fn()
@@ -233,7 +258,9 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
             "NIXL LIBFABRIC backend, no fallback", not problems, "; ".join(problems) or "LIBFABRIC on every worker"
         )
 
-    checks.append(guard("NIXL LIBFABRIC backend, no fallback", logs))
+    aggregated = settings.serving_mode == "aggregated"
+    if not aggregated:
+        checks.append(guard("NIXL LIBFABRIC backend, no fallback", logs))
 
     def drivers() -> Check:
         versions = {
@@ -265,8 +292,15 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
     def prefill_tokens() -> float | None:
         return metric_total(metrics_text(ns, prefill_pod), PROMPT_TOKENS) if prefill_pod else None
 
+    all_pods = [p["metadata"]["name"] for pods in groups.values() for p in pods]
+
+    def workers_prompt_tokens() -> float | None:
+        totals = [metric_total(metrics_text(ns, pod), PROMPT_TOKENS) for pod in all_pods]
+        present = [t for t in totals if t is not None]
+        return sum(present) if present else None
+
     before = decode_counters()
-    prefill_before = prefill_tokens()
+    prefill_before = workers_prompt_tokens() if aggregated else prefill_tokens()
     with port_forward(settings, serve_service_name(settings), SERVE_PORT) as base:
         models = guard(
             "GET /v1/models",
@@ -274,6 +308,16 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
         )
         chat = guard("POST /v1/chat/completions", lambda: chat_check(base, settings.model_id))
     checks += [models, chat]
+    if aggregated:
+        checks.append(served_check(prefill_before, poll(workers_prompt_tokens, grew(prefill_before))))
+
+        def quiet() -> Check:
+            metrics = {pod: metrics_text(ns, pod) for pod in all_pods}
+            logs = {pod: kubectl("exec", "-n", ns, pod, "--", "sh", "-c", LOG_GREP + " || true") for pod in all_pods}
+            return no_nixl_check(metrics, logs)
+
+        checks.append(guard("no NIXL activity (aggregated)", quiet))
+        return checks
     after = poll_until_grown(decode_counters, before)
     checks.append(metrics_check(before, after))
     checks.append(prefill_check(prefill_before, poll(prefill_tokens, grew(prefill_before))))

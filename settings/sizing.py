@@ -1,0 +1,184 @@
+"""Sizing: GPU memory, KV bytes, host staging, the KV transfer, prefill time and chunks, decode capacity,
+and whether splitting prefill from decode is expected to pay.
+
+One home for these numbers: validation (settings/model.py), `plan` and synth
+(settings/estimates.py) and the serve builder (serve_config) read them here.
+Every constant has its source beside it; these are planning estimates, and
+`tools.bench compare` measures the real answer on the user's own cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from settings import catalog
+
+if TYPE_CHECKING:
+    from settings.model import Settings
+
+# --- Public numbers the plan is calibrated on (../shared/FACTS.md) -------------------------
+# vLLM with kv_buffer_device cpu copies KV blocks through pageable host memory,
+# synchronously: GPU to host on prefill, host to GPU on decode. Such copies run
+# at roughly 5-10 GB/s (an estimate, unmeasured); the midpoint is used.
+PAGEABLE_COPY_BYTES_PER_S = 7.5e9
+# NIXL over EFA with GPUDirect on p5 reaches 10-12 GB/s in microbenchmarks but
+# 4-5 GB/s inside vLLM (Anyscale): the effective KV rate is capped there even
+# where the link is faster.
+NIXL_IN_VLLM_BYTES_PER_S = 4.5e9
+# One TCP flow (UCX falling back to TCP) is limited to 10 Gbps inside a cluster
+# placement group (EC2 user guide, "Amazon EC2 instance network bandwidth").
+SINGLE_FLOW_GBPS_IN_PLACEMENT_GROUP = 10.0
+# Share of peak dense BF16 tensor throughput a prefill reaches; 40% is a common
+# planning figure for one GPU (an assumption).
+PREFILL_MFU = 0.40
+# Moving the KV should cost well under the prefill it saves decode from doing.
+TRANSFER_BUDGET_SHARE = 0.25
+# SageMaker HyperPod's guidance: disaggregation pays from 4k-token prompts and
+# 70B-parameter models (with 2+ requests/s and 256+ output tokens); llm-d's: not
+# for 8B models with 200/200-token traffic; Mooncake on A10 (7B, 1k prompts,
+# 2 QPS): aggregated TTFT 461 ms vs 1,273 ms split, and aggregated with chunked
+# prefill the best TPOT p99 (136 ms vs 524 ms split).
+MIN_PROMPT_TOKENS_THAT_PAY = 4096
+MIN_PARAMETERS_BILLION_THAT_PAY = 70.0
+# vLLM's OpenAI-server usage context sets max_num_batched_tokens to 2048 on GPUs
+# under 70 GiB (vllm/engine/arg_utils.py): a longer prompt prefills in chunks.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+# The largest step set on the prefill engine: activation memory grows with it.
+PREFILL_STEP_CAP_TOKENS = 8192
+PROMPT_LENGTHS = (1024, 8192, 32768)
+OUTPUT_TOKENS = 128
+
+
+# --- GPU memory -------------------------------------------------------------------------------------
+def kv_cache_bytes_per_token(model: catalog.ModelSpec) -> int:
+    """K and V, for every layer and KV head, in the model's dtype."""
+    return 2 * model.layers * model.kv_heads * model.head_dim * model.dtype_bytes
+
+
+def gpu_memory_plan_gib(s: Settings) -> tuple[float, float, float]:
+    """(weights, KV cache for one max_model_len sequence, GPU budget) in GiB."""
+    model = s.model
+    weights = model.parameters_billion * 1e9 * model.dtype_bytes / 2**30
+    kv = kv_cache_bytes_per_token(model) * s.max_model_len / 2**30
+    budget = s.gpu_instance.gpu_memory_gib * s.gpu_memory_utilization - catalog.ENGINE_OVERHEAD_GIB
+    return weights, kv, budget
+
+
+def kv_cache_tokens(s: Settings) -> int:
+    """Tokens of KV cache one engine holds: the GPU budget left after the weights."""
+    weights, _, budget = gpu_memory_plan_gib(s)
+    return int((budget - weights) * 2**30 // kv_cache_bytes_per_token(s.model))
+
+
+def concurrent_sequences(s: Settings, prompt_tokens: int, output_tokens: int = OUTPUT_TOKENS) -> int:
+    """How many sequences of this length decode's KV cache holds at once."""
+    return kv_cache_tokens(s) // (prompt_tokens + output_tokens)
+
+
+# --- Prefill ------------------------------------------------------------------------------------------
+def prefill_max_num_batched_tokens(s: Settings) -> int | None:
+    """The step size set on the prefill engine, or None for vLLM's default.
+
+    A prefill-only engine has no decodes whose inter-token latency small chunks
+    would protect (the reason for vLLM's 2048 on small GPUs), so one step takes
+    a whole prompt up to max_model_len: fewer steps, each re-reading the weights
+    once. Capped at PREFILL_STEP_CAP_TOKENS, since the activation peak vLLM
+    reserves grows with the step. Aggregated engines keep vLLM's default:
+    their steps are shared with decodes.
+    """
+    if s.serving_mode != "disaggregated":
+        return None
+    return min(s.max_model_len, PREFILL_STEP_CAP_TOKENS)
+
+
+def prefill_seconds(s: Settings, tokens: int) -> float:
+    """2 x parameters x tokens FLOPs at PREFILL_MFU of the GPU's dense BF16 peak.
+
+    The attention term (quadratic in length) is left out: it makes long prompts
+    slower, so every share of prefill time below is an upper bound.
+    """
+    flops = 2 * s.model.parameters_billion * 1e9 * tokens
+    return flops / (s.gpu_instance.gpu_bf16_tflops * 1e12 * PREFILL_MFU)
+
+
+# --- The KV transfer ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TransferPlan:
+    """One prompt length: the KV it moves, what moving it costs, and what it saves."""
+
+    prompt_tokens: int
+    kv_bytes: int
+    # Both synchronous pageable copies: GPU to host on prefill, host to GPU on decode.
+    staging_seconds: float
+    efa_wire_seconds: float
+    tcp_wire_seconds: float
+    prefill_seconds: float
+    prefill_chunks: int
+    # Aggregated: one step with a default-size prefill chunk, which every decode on that GPU waits for.
+    aggregated_stall_seconds: float
+    decode_sequences: int
+
+    @property
+    def efa_seconds(self) -> float:
+        return self.staging_seconds + self.efa_wire_seconds
+
+    @property
+    def tcp_seconds(self) -> float:
+        return self.staging_seconds + self.tcp_wire_seconds
+
+    @property
+    def efa_share(self) -> float:
+        return self.efa_seconds / self.prefill_seconds
+
+    @property
+    def tcp_share(self) -> float:
+        return self.tcp_seconds / self.prefill_seconds
+
+    @property
+    def fits_budget(self) -> bool:
+        return self.efa_share <= TRANSFER_BUDGET_SHARE
+
+
+def transfer_plan(s: Settings, prompt_tokens: int) -> TransferPlan:
+    gpu = s.gpu_instance
+    kv_bytes = kv_cache_bytes_per_token(s.model) * prompt_tokens
+    line_bytes_per_s = gpu.network_gbps * 1e9 / 8
+    efa_bytes_per_s = min(line_bytes_per_s, NIXL_IN_VLLM_BYTES_PER_S)
+    tcp_bytes_per_s = min(gpu.network_gbps, SINGLE_FLOW_GBPS_IN_PLACEMENT_GROUP) * 1e9 / 8
+    staging = 0.0 if gpu.gpudirect_rdma else 2 * kv_bytes / PAGEABLE_COPY_BYTES_PER_S
+    step = prefill_max_num_batched_tokens(s) or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    return TransferPlan(
+        prompt_tokens=prompt_tokens,
+        kv_bytes=kv_bytes,
+        staging_seconds=staging,
+        efa_wire_seconds=kv_bytes / efa_bytes_per_s,
+        tcp_wire_seconds=kv_bytes / tcp_bytes_per_s,
+        prefill_seconds=prefill_seconds(s, prompt_tokens),
+        prefill_chunks=math.ceil(prompt_tokens / step),
+        aggregated_stall_seconds=prefill_seconds(s, min(prompt_tokens, DEFAULT_MAX_NUM_BATCHED_TOKENS)),
+        decode_sequences=concurrent_sequences(s, prompt_tokens),
+    )
+
+
+def disaggregation_verdict(s: Settings, plan: TransferPlan) -> tuple[str, str]:
+    """('no' | 'maybe' | 'likely', why) for one prompt length."""
+    if not plan.fits_budget:
+        return "no", (
+            f"moving the KV costs {plan.efa_share:.0%} of the prefill it saves decode "
+            f"({plan.staging_seconds * 1e3:.0f} ms staging + {plan.efa_wire_seconds * 1e3:.0f} ms wire); "
+            f"TTFT grows by that much"
+        )
+    if plan.prompt_tokens < MIN_PROMPT_TOKENS_THAT_PAY:
+        return "no", (
+            f"short prompts: aggregated with chunked prefill wins below {MIN_PROMPT_TOKENS_THAT_PAY} tokens "
+            "(Mooncake A10 at 1k, HyperPod)"
+        )
+    if s.model.parameters_billion < MIN_PARAMETERS_BILLION_THAT_PAY:
+        return "maybe", (
+            f"only under concurrent load: each aggregated prefill chunk stalls decodes "
+            f"{plan.aggregated_stall_seconds * 1e3:.0f} ms, which P/D removes; public gains start at "
+            f"{MIN_PARAMETERS_BILLION_THAT_PAY:g}B models (HyperPod)"
+        )
+    return "likely", "long prompts on a large model, with a transfer well under the prefill time"
