@@ -11,7 +11,8 @@ from cdk_nag import AwsSolutionsChecks
 from serve_config import ServeConfigError
 from settings import Settings, SettingsError, settings_from
 from settings.estimates import cost_summary, plan_table
-from stacks.nag_acknowledgements import acknowledge_findings, acknowledge_imported_vpc
+from settings.model import s3_model_location
+from stacks.nag_acknowledgements import acknowledge_findings, acknowledge_imported_vpc, acknowledge_model_prefix
 from stacks.pd_inference_stack import PdInferenceStack
 
 STACK_NAME = "PdInference"
@@ -42,6 +43,9 @@ def build_app(context: dict[str, object] | None = None) -> tuple[cdk.App, PdInfe
     acknowledge_findings(stack)
     if settings.vpc_id is not None:
         acknowledge_imported_vpc(stack)
+    location = s3_model_location(settings)
+    if location is not None:
+        acknowledge_model_prefix(stack, *location)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app, stack, settings
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from aws_cdk import Fn
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from cdk_constructs.node_common import LT, node_launch_template_data, node_role
+from cdk_constructs.node_common import LT, node_launch_template_data, node_role, nodeadm_user_data
 from settings.catalog import DEFAULT_GPU_INSTANCE_TYPE
 
 GPU_NODE_LABELS: Mapping[str, str] = {"role": "gpu-worker"}
@@ -41,6 +42,9 @@ class EfaGpuNodes(Construct):
         placement_group: put the nodes in a new cluster placement group; default True.
         capacity_reservation_id: launch into this EC2 capacity reservation; default None.
         pods_reach_imds: IMDS hop limit 2 instead of 1; default False.
+        local_nvme_raid0: assemble the instance store as RAID0 through nodeadm's
+            localStorage (it holds kubelet's and containerd's state and the model
+            cache); default False (types without instance store).
 
     Attributes:
         nodegroup, efa_security_group, placement_group (or None), launch_template,
@@ -61,6 +65,7 @@ class EfaGpuNodes(Construct):
         placement_group: bool = True,
         capacity_reservation_id: str | None = None,
         pods_reach_imds: bool = False,
+        local_nvme_raid0: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
         self.labels: Mapping[str, str] = dict(GPU_NODE_LABELS)
@@ -99,6 +104,8 @@ class EfaGpuNodes(Construct):
                 groups=[cluster.cluster_security_group_id, self.efa_security_group.security_group_id],
             )
         ]
+        if local_nvme_raid0:
+            extra["user_data"] = Fn.base64(nodeadm_user_data({"instance": {"localStorage": {"strategy": "RAID0"}}}))
         data = node_launch_template_data(volume_gib=volume_gib, pods_reach_imds=pods_reach_imds, **extra)
         self.launch_template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data=data)
 

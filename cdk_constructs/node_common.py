@@ -9,6 +9,8 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 LT = ec2.CfnLaunchTemplate
+# The boundary of the MIME multipart user data EKS merges with its own NodeConfig.
+MIME_BOUNDARY = "==PDINFERENCE=="
 
 # What a node needs to join and pull images, nothing more: the VPC CNI gets
 # its EC2 permissions through Pod Identity (cdk_constructs/cluster.py), not here.
@@ -47,4 +49,27 @@ def node_launch_template_data(*, volume_gib: int, pods_reach_imds: bool, **extra
             )
         ],
         **extra,
+    )
+
+
+def nodeadm_user_data(node_config_spec: dict[str, Any]) -> str:
+    """MIME multipart user data carrying one nodeadm NodeConfig (node.eks.aws/v1alpha1).
+
+    Managed node groups merge it with the NodeConfig EKS writes (cluster name,
+    endpoint, CA), so it holds only what this stack adds (EKS user guide,
+    "Customize managed nodes with launch templates", AL2023 user data).
+    The launch template takes it base64-encoded (the caller wraps it in Fn::Base64).
+    """
+    import yaml
+
+    document = yaml.safe_dump(
+        {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig", "spec": node_config_spec}, sort_keys=False
+    )
+    return (
+        "MIME-Version: 1.0\n"
+        f'Content-Type: multipart/mixed; boundary="{MIME_BOUNDARY}"\n\n'
+        f"--{MIME_BOUNDARY}\n"
+        "Content-Type: application/node.eks.aws\n\n"
+        f"---\n{document}"
+        f"--{MIME_BOUNDARY}--\n"
     )

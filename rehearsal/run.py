@@ -507,6 +507,8 @@ def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
         config = cpu_serve_config(rayservice, model_dir)
         env = {**os.environ, **product_worker_env(rayservice), **kuberay_auth_env(rayservice), **CPU_ENV}
         env["LD_LIBRARY_PATH"] = ":".join([*libs.library_dirs, env.get("LD_LIBRARY_PATH", "")])
+        # The product's HF_HOME is the GPU node's NVMe hostPath, which does not exist here.
+        env["HF_HOME"] = str(work / "huggingface")
         apply_case(case, config, env, libs)
         phases["config"] = time.monotonic() - started
         temp_dir = work / "ray"

@@ -20,7 +20,7 @@ from serve_config.checks import DECODE as DECODE
 from serve_config.checks import PREFILL as PREFILL
 from serve_config.checks import SIDES as SIDES
 from settings import Settings, sizing
-from settings.catalog import IMAGE_RAY_VERSION
+from settings.catalog import IMAGE_RAY_VERSION, LOCAL_NVME_MOUNT
 
 HERE = Path(__file__).parent
 
@@ -37,6 +37,13 @@ METRICS_PORT = 8080
 # Extended resources the device plugins advertise on the GPU nodes.
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
+# On instance-store GPU types: the Hugging Face cache on the node's NVMe RAID0, a
+# hostPath, so a restarted pod finds the weights it downloaded (catalog.LOCAL_NVME_MOUNT).
+# With an s3:// model_source, every Ray pod runs as this ServiceAccount (its Pod
+# Identity role reads the prefix: cdk_constructs/model_weights.py).
+RAY_SERVICE_ACCOUNT = "ray-model-reader"
+MODEL_CACHE_VOLUME = "model-cache"
+MODEL_CACHE_MOUNT = "/model-cache"
 HF_TOKEN_SECRET = "hf-token"  # noqa: S105 - a Secret's name, not a token
 HF_TOKEN_SECRET_KEY = "token"  # noqa: S105 - a key name
 # A label on the RayService carrying a hash of its rayClusterConfig. KubeRay copies
@@ -196,6 +203,9 @@ def rayservice(
     if settings.hf_token_secret_name is not None:
         head["env"] = _token_env(settings)
 
+    reads_s3 = (settings.model_source or "").startswith("s3://")
+    if reads_s3:
+        head_pod["serviceAccountName"] = RAY_SERVICE_ACCOUNT
     template = cluster.pop("workerGroupTemplate")
     groups = []
     for side in SIDES:
@@ -214,6 +224,36 @@ def rayservice(
         container = pod["containers"][0]
         container["image"] = settings.ray_image
         container["env"] = _worker_env(settings, container.get("env", [])) + _token_env(settings)
+        if reads_s3:
+            pod["serviceAccountName"] = RAY_SERVICE_ACCOUNT
+        if settings.gpu_instance.instance_store_gb > 0:
+            pod["volumes"].append(
+                {
+                    "name": MODEL_CACHE_VOLUME,
+                    "hostPath": {"path": f"{LOCAL_NVME_MOUNT}/{MODEL_CACHE_VOLUME}", "type": "DirectoryOrCreate"},
+                }
+            )
+            container["volumeMounts"].append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT})
+            container["env"].append({"name": "HF_HOME", "value": f"{MODEL_CACHE_MOUNT}/huggingface"})
+            # kubelet creates the hostPath owned by root, 0755: whichever user the image
+            # runs as, the cache must be writable before the Ray container starts.
+            pod["initContainers"] = [
+                {
+                    "name": "model-cache-permissions",
+                    "image": settings.ray_image,
+                    "command": [
+                        "sh",
+                        "-c",
+                        f"mkdir -p {MODEL_CACHE_MOUNT}/huggingface && chmod -R a+rwX {MODEL_CACHE_MOUNT}",
+                    ],
+                    "securityContext": {"runAsUser": 0},
+                    "volumeMounts": [{"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT}],
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "64Mi"},
+                        "limits": {"cpu": "100m", "memory": "64Mi"},
+                    },
+                }
+            ]
         resources = worker_resources(settings)
         container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
         groups.append(group)

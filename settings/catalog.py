@@ -144,6 +144,9 @@ class InstanceSpec:
     # Pods the kubelet admits with the VPC CNI and no prefix delegation:
     # ENIs x (IPv4 addresses per ENI - 1) + 2 (amazon-eks-ami eni-max-pods.txt).
     max_pods: int
+    # Local NVMe instance store in GB (0: EBS only), from each type's EC2
+    # "instance store" specification (unconfirmed offline); nodeadm assembles it as RAID0.
+    instance_store_gb: int = 0
 
 
 # Sources: EC2 instance type pages (accelerated computing; network
@@ -158,18 +161,23 @@ INSTANCE_TYPES: Mapping[str, InstanceSpec] = MappingProxyType(
         "m7i.2xlarge": InstanceSpec(8, 32, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58),
         "m7i.4xlarge": InstanceSpec(16, 64, 0, 0, "", 0.0, False, 12.5, 0.0, "", 234),
         "m6i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58),
-        "g6.8xlarge": InstanceSpec(32, 128, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4", 234),
-        "g6.12xlarge": InstanceSpec(48, 192, 1, 4, "L4", 22.5, False, 40.0, 121.0, "L4", 234),
-        "g6.16xlarge": InstanceSpec(64, 256, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4", 737),
-        "g6.2xlarge": InstanceSpec(8, 32, 0, 1, "L4", 22.5, False, 10.0, 121.0, "L4", 58),
-        "g6e.8xlarge": InstanceSpec(32, 256, 1, 1, "L40S", 44.5, False, 25.0, 362.0, "L40S", 234),
-        "g6e.12xlarge": InstanceSpec(48, 384, 1, 4, "L40S", 44.5, False, 100.0, 362.0, "L40S", 234),
-        "g5.8xlarge": InstanceSpec(32, 128, 1, 1, "A10G", 22.0, False, 25.0, 70.0, "A10G", 234),
-        "g5.12xlarge": InstanceSpec(48, 192, 1, 4, "A10G", 22.0, False, 40.0, 70.0, "A10G", 234),
-        "p4d.24xlarge": InstanceSpec(96, 1152, 4, 8, "A100", 39.5, True, 400.0, 312.0, "A100-40G", 737),
-        "p5.48xlarge": InstanceSpec(192, 2048, 32, 8, "H100", 79.0, True, 3200.0, 989.0, "H100", 100),
+        "g6.8xlarge": InstanceSpec(32, 128, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4", 234, 900),
+        "g6.12xlarge": InstanceSpec(48, 192, 1, 4, "L4", 22.5, False, 40.0, 121.0, "L4", 234, 3760),
+        "g6.16xlarge": InstanceSpec(64, 256, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4", 737, 1880),
+        "g6.2xlarge": InstanceSpec(8, 32, 0, 1, "L4", 22.5, False, 10.0, 121.0, "L4", 58, 450),
+        "g6e.8xlarge": InstanceSpec(32, 256, 1, 1, "L40S", 44.5, False, 25.0, 362.0, "L40S", 234, 900),
+        "g6e.12xlarge": InstanceSpec(48, 384, 1, 4, "L40S", 44.5, False, 100.0, 362.0, "L40S", 234, 3800),
+        "g5.8xlarge": InstanceSpec(32, 128, 1, 1, "A10G", 22.0, False, 25.0, 70.0, "A10G", 234, 900),
+        "g5.12xlarge": InstanceSpec(48, 192, 1, 4, "A10G", 22.0, False, 40.0, 70.0, "A10G", 234, 3800),
+        "p4d.24xlarge": InstanceSpec(96, 1152, 4, 8, "A100", 39.5, True, 400.0, 312.0, "A100-40G", 737, 8000),
+        "p5.48xlarge": InstanceSpec(192, 2048, 32, 8, "H100", 79.0, True, 3200.0, 989.0, "H100", 100, 30720),
     }
 )
+
+
+# nodeadm's localStorage strategy RAID0 (amazon-eks-ami setup-local-disks) mounts
+# the array here and moves kubelet's and containerd's state onto it.
+LOCAL_NVME_MOUNT = "/mnt/k8s-disks/0"
 
 
 # --- Models ------------------------------------------------------------------

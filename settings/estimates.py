@@ -105,6 +105,19 @@ def plan_table(s: Settings) -> str:
         )
         reasons.append(f"  {tokens}: {verdict}: {why}")
     rows += reasons
+    start = sizing.cold_start(s)
+    source = s.model_source or s.model_id
+    rows.append(
+        f"Cold start ({start.weights_bytes / 1e9:.1f} GB of weights from {source}): first download "
+        f">= {start.first_download_seconds:.0f} s at {gpu.network_gbps:g} Gbps; after a pod restart "
+        f"{start.restart_seconds:.0f} s"
+        + (
+            f" (re-read from the NVMe cache at {sizing.NVME_READ_BYTES_PER_S / 1e9:g} GB/s)"
+            if start.nvme_reload_seconds is not None and start.restart_seconds == start.nvme_reload_seconds
+            else " (downloaded again)"
+        )
+        + "; engine start and GPU load extra"
+    )
     rows.append(
         "Calibrated on public numbers (../shared/FACTS.md): pageable copies 5-10 GB/s, NIXL 4-5 GB/s inside "
         "vLLM, Mooncake on A10, SageMaker HyperPod's 4k-prompt/70B guidance. Measure yours: "

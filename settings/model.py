@@ -129,6 +129,15 @@ class Settings:
 
 SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings))
 
+
+def s3_model_location(s: Settings) -> tuple[str, str] | None:
+    """(bucket, prefix) of an s3:// model_source, else None."""
+    if s.model_source is None or not s.model_source.startswith("s3://"):
+        return None
+    bucket, _, prefix = s.model_source.removeprefix("s3://").partition("/")
+    return bucket, prefix.rstrip("/")
+
+
 _AWS_ACCOUNT = re.compile(r"^\d{12}$")
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")
 _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
@@ -136,6 +145,8 @@ _IAM_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
 _HF_REPO = re.compile(r"^[\w.\-]+/[\w.\-]+$")
+# s3://bucket/prefix: a bucket name (3-63 lowercase letters, digits, dots, hyphens) and a non-empty prefix.
+_S3_SOURCE = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]/[\w.\-/]*[\w.\-]$")
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/([0-9a-f-]{36}|mrk-[0-9a-f]{32})$")
 _SECRET_NAME = re.compile(r"^[\w/+=.@-]{1,512}$")
 _IMAGE = re.compile(r"^[\w.\-]+(:\d+)?(/[\w.\-]+)+(:[\w.\-]+|@sha256:[0-9a-f]{64})$")
@@ -290,13 +301,12 @@ def validate(s: Settings) -> Settings:
         f"one of {sorted(catalog.MODELS)} (add others to settings/catalog.py)",
     )
     if s.model_source is not None:
-        # gs:// needs Google credentials no pod has; s3:// needs a pod identity
-        # the stack does not create yet: either would deploy and never load.
+        # gs:// needs Google credentials no pod has: it would deploy and never load.
         _require(
-            bool(_HF_REPO.match(s.model_source)),
+            bool(_HF_REPO.match(s.model_source) or _S3_SOURCE.match(s.model_source)),
             "model_source",
             s.model_source,
-            "a Hugging Face repo id (owner/name); s3:// and gs:// sources are not readable by the pods yet",
+            "a Hugging Face repo id (owner/name) or s3://bucket/prefix (a folder holding the model's files)",
         )
     model_limit = s.model.max_context_tokens
     _require(

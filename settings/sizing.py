@@ -48,6 +48,9 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 # The largest step set on the prefill engine: activation memory grows with it.
 PREFILL_STEP_CAP_TOKENS = 8192
 PROMPT_LENGTHS = (1024, 8192, 32768)
+# Reading the weights back from the node's NVMe RAID0: 2 GB/s, an assumption
+# (unmeasured; EC2 publishes instance-store IOPS, not a sequential read rate).
+NVME_READ_BYTES_PER_S = 2e9
 OUTPUT_TOKENS = 128
 
 
@@ -182,3 +185,28 @@ def disaggregation_verdict(s: Settings, plan: TransferPlan) -> tuple[str, str]:
             f"{MIN_PARAMETERS_BILLION_THAT_PAY:g}B models (HyperPod)"
         )
     return "likely", "long prompts on a large model, with a transfer well under the prefill time"
+
+
+# --- Cold start ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ColdStart:
+    """Getting the weights onto a node: the first time, and after a pod restart."""
+
+    weights_bytes: float
+    # At the instance's network bandwidth: a floor, since neither the Hugging Face
+    # CDN nor one S3 connection fills it (Ray's S3 path opens many in parallel).
+    first_download_seconds: float
+    # From the NVMe cache (instance-store types); None where there is none.
+    nvme_reload_seconds: float | None
+    # Ray 2.58 re-downloads an s3:// source on every start (it skips no file), so a
+    # restart costs the first download again; a Hugging Face source is found in the cache.
+    restart_seconds: float
+
+
+def cold_start(s: Settings) -> ColdStart:
+    weights = s.model.parameters_billion * 1e9 * s.model.dtype_bytes
+    download = weights / (s.gpu_instance.network_gbps * 1e9 / 8)
+    nvme = weights / NVME_READ_BYTES_PER_S if s.gpu_instance.instance_store_gb > 0 else None
+    from_s3 = (s.model_source or "").startswith("s3://")
+    restart = download if from_s3 or nvme is None else nvme
+    return ColdStart(weights, download, nvme, restart)

@@ -105,6 +105,16 @@ def acknowledge_imported_vpc(stack: cdk.Stack) -> None:
     )
 
 
+def acknowledge_model_prefix(stack: cdk.Stack, bucket: str, prefix: str) -> None:
+    """The Ray pods' role reads every object under the model's own prefix, and no other."""
+    role = stack.node.find_child("ModelWeights").node.find_child("PodIdentityRole")
+    acknowledge(
+        role.node.find_child("DefaultPolicy"),
+        f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket}/{prefix}/*]",
+        "Ray reads every file of the model under its own prefix (the file names are the model's); nothing wider",
+    )
+
+
 def _ecr_public_rule(stack: cdk.Stack) -> str:
     """The ECR Public policy finding names a CloudFormation condition by its logical id."""
     condition = stack.node.find_child("Eks").node.find_child("Cluster").node.find_child("KubectlProvider")

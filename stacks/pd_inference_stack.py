@@ -14,6 +14,7 @@ from cdk_constructs.gpu_nodes import EfaGpuNodes, gpu_toleration
 from cdk_constructs.llm_service import LlmService
 from cdk_constructs.log_encryption import LogEncryptionKey
 from cdk_constructs.model_token import ModelTokenSync
+from cdk_constructs.model_weights import ModelReadAccess
 from cdk_constructs.network import Network
 from cdk_constructs.network_policies import ServingNetworkPolicies, serving_network_policies
 from cdk_constructs.private_endpoint import PrivateEndpoint
@@ -21,6 +22,7 @@ from cdk_constructs.system_nodes import SystemNodes
 from settings import Settings
 from settings.catalog import KUBERAY_OPERATOR
 from settings.estimates import PRICE_SOURCE, cost_summary
+from settings.model import s3_model_location
 
 
 class PdInferenceStack(Stack):
@@ -74,6 +76,7 @@ class PdInferenceStack(Stack):
             placement_group=settings.gpu_placement_group,
             capacity_reservation_id=settings.gpu_capacity_reservation_id,
             pods_reach_imds=settings.pod_imds_access,
+            local_nvme_raid0=settings.gpu_instance.instance_store_gb > 0,
         )
         # Everything Kubernetes runs waits for both node groups (and is deleted before them).
         nodegroups = (system_nodes.nodegroup, gpu_nodes.nodegroup)
@@ -123,6 +126,19 @@ class PdInferenceStack(Stack):
         for policy in network_policies.manifests:
             policy.node.add_dependency(service.namespace_manifest)
         service.rayservice_manifest.node.add_dependency(*network_policies.manifests)
+        location = s3_model_location(settings)
+        if location is not None:
+            weights = ModelReadAccess(
+                self,
+                "ModelWeights",
+                cluster=cluster,
+                namespace=settings.serving_namespace,
+                service_account=serve_config.RAY_SERVICE_ACCOUNT,
+                bucket=location[0],
+                prefix=location[1],
+            )
+            weights.service_account_manifest.node.add_dependency(service.namespace_manifest)
+            service.rayservice_manifest.node.add_dependency(weights.service_account_manifest)
         token_releases: list[Construct] = []
         if settings.hf_token_secret_name is not None:
             token = ModelTokenSync(

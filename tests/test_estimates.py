@@ -52,6 +52,20 @@ def test_the_verdict_follows_the_public_guidance() -> None:
     assert sizing.disaggregation_verdict(Settings(), short)[0] == "no"
 
 
+def test_cold_start_matches_a_hand_calculation() -> None:
+    """Qwen3-8B: 8.19e9 x 2 bytes = 16.38e9 B. g6.8xlarge: 25 Gbps = 3.125e9 B/s -> 5.2416 s at the floor.
+
+    Its 900 GB of NVMe at the assumed 2e9 B/s: 8.19 s to read back. An s3:// source: Ray downloads it again, 5.2416 s.
+    """
+    start = sizing.cold_start(Settings())
+    assert start.weights_bytes == pytest.approx(16.38e9, rel=0.05)
+    assert start.first_download_seconds == pytest.approx(5.2416, rel=0.05)
+    assert start.nvme_reload_seconds == pytest.approx(8.19, rel=0.05)
+    assert start.restart_seconds == pytest.approx(8.19, rel=0.05)
+    s3 = sizing.cold_start(Settings(model_source="s3://acme-models/approved/qwen3-8b"))
+    assert s3.restart_seconds == pytest.approx(5.2416, rel=0.05)
+
+
 def test_the_plan_table_says_why() -> None:
     table = plan_table(Settings())
     assert "8192: no: moving the KV costs 26% of the prefill" in table

@@ -34,14 +34,21 @@ RESERVATION = "cr-0123456789abcdef0"
 GOOD = [f"cluster_admin_arns={ROLE}", "gpu_availability_zone=us-east-1b"]
 
 
-def instance_type(name: str, vcpus: int, efa: bool) -> dict[str, Any]:
+def instance_type(name: str, vcpus: int, efa: bool, store_gb: int = 0) -> dict[str, Any]:
     network: dict[str, Any] = {"EfaSupported": efa, "MaximumNetworkCards": 1}
     if efa:
         network["EfaInfo"] = {"MaximumEfaInterfaces": 1}
-    return {"InstanceType": name, "VCpuInfo": {"DefaultVCpus": vcpus}, "NetworkInfo": network}
+    found: dict[str, Any] = {"InstanceType": name, "VCpuInfo": {"DefaultVCpus": vcpus}, "NetworkInfo": network}
+    found["InstanceStorageSupported"] = store_gb > 0
+    if store_gb:
+        found["InstanceStorageInfo"] = {"TotalSizeInGB": store_gb}
+    return found
 
 
-TYPES = {"g6.8xlarge": instance_type("g6.8xlarge", 32, True), "m7i.xlarge": instance_type("m7i.xlarge", 4, False)}
+TYPES = {
+    "g6.8xlarge": instance_type("g6.8xlarge", 32, True, 900),
+    "m7i.xlarge": instance_type("m7i.xlarge", 4, False),
+}
 QUOTAS = {
     "L-DB2E81BA": 256.0,
     "L-1216C47A": 640.0,
@@ -242,7 +249,7 @@ def test_kubernetes_version(answer: Answer, expected: str) -> None:
 
 # --- EFA -------------------------------------------------------------------------------
 def test_a_type_without_efa_fails() -> None:
-    types = {**TYPES, "g6.8xlarge": instance_type("g6.8xlarge", 32, False)}
+    types = {**TYPES, "g6.8xlarge": instance_type("g6.8xlarge", 32, False, 900)}
     answer = account(
         **{"ec2:DescribeInstanceTypes": lambda p, _: {"InstanceTypes": [types[t] for t in p["InstanceTypes"]]}}
     )
@@ -251,12 +258,12 @@ def test_a_type_without_efa_fails() -> None:
 
 
 def test_a_catalog_that_disagrees_with_ec2_warns() -> None:
-    types = {**TYPES, "g6.8xlarge": instance_type("g6.8xlarge", 48, True)}
+    types = {**TYPES, "g6.8xlarge": instance_type("g6.8xlarge", 48, True, 600)}
     answer = account(
         **{"ec2:DescribeInstanceTypes": lambda p, _: {"InstanceTypes": [types[t] for t in p["InstanceTypes"]]}}
     )
     status, line = status_of("EFA", answer, *GOOD)
-    assert status == "WARN" and "EC2 says 1, 48" in line.detail
+    assert status == "WARN" and "EC2 says 1, 48, 600" in line.detail
 
 
 # --- GPU availability zone ------------------------------------------------------------------

@@ -28,8 +28,9 @@ BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
         "['g5.8xlarge', 'g6.16xlarge', 'g6.8xlarge', 'g6e.8xlarge']",
     ),
     ({"gpu_instance_type": "p5.48xlarge"}, "gpu_instance_type", "one GPU per node"),
-    ({"model_source": "gs://bucket/qwen"}, "model_source", "s3:// and gs:// sources are not readable"),
-    ({"model_source": "s3://bucket/models/qwen"}, "model_source", "s3:// and gs:// sources are not readable"),
+    ({"model_source": "gs://bucket/qwen"}, "model_source", "or s3://bucket/prefix"),
+    ({"model_source": "s3://Bad_Bucket/qwen"}, "model_source", "or s3://bucket/prefix"),
+    ({"model_source": "s3://bucket-only"}, "model_source", "or s3://bucket/prefix"),
     ({"max_model_len": 40961}, "max_model_len", "256 to 40960 tokens, the context length of Qwen/Qwen3-8B"),
     (
         {"model_id": "Qwen/Qwen2.5-7B-Instruct", "max_model_len": 32769},

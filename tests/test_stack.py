@@ -213,3 +213,31 @@ def test_assertions_library_agrees(template: dict[str, Any]) -> None:
         {"LaunchTemplateData": {"NetworkInterfaces": [Match.object_like({"InterfaceType": "efa"})]}},
     )
     t.has_resource_properties("AWS::EKS::Nodegroup", {"AmiType": "AL2023_x86_64_NVIDIA"})
+
+
+def test_gpu_nodes_assemble_their_nvme_as_raid0_through_nodeadm(template: dict[str, Any]) -> None:
+    """The launch template's user data: MIME multipart with one NodeConfig asking for localStorage RAID0."""
+    import email
+
+    import yaml
+
+    templates = resources(template, "AWS::EC2::LaunchTemplate").values()
+    (gpu,) = [t for t in templates if "NetworkInterfaces" in t["Properties"]["LaunchTemplateData"]]
+    text = gpu["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
+    message = email.message_from_string(text)
+    assert message.is_multipart()
+    parts = [p for p in message.walk() if not p.is_multipart()]
+    assert [p.get_content_type() for p in parts] == ["application/node.eks.aws"]
+    config = yaml.safe_load(str(parts[0].get_payload()))
+    assert config["kind"] == "NodeConfig" and config["apiVersion"] == "node.eks.aws/v1alpha1"
+    assert config["spec"] == {"instance": {"localStorage": {"strategy": "RAID0"}}}
+
+
+def test_the_model_cache_is_on_the_nvme_of_both_worker_groups(rayservice: dict[str, Any]) -> None:
+    for group in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "model-cache"]
+        assert volume["hostPath"] == {"path": "/mnt/k8s-disks/0/model-cache", "type": "DirectoryOrCreate"}
+        container = pod["containers"][0]
+        assert {"name": "model-cache", "mountPath": "/model-cache"} in container["volumeMounts"]
+        assert {"name": "HF_HOME", "value": "/model-cache/huggingface"} in container["env"]

@@ -257,13 +257,17 @@ def efa(account: Account) -> list[Result]:
         return [Result("FAIL", "EFA", f"{gpu_type} does not support EFA", f"-c gpu_instance_type= one of {efa_types}")]
     spec = catalog.INSTANCE_TYPES[gpu_type]
     detail = f"{gpu_type}: EFA supported, {interfaces} EFA interface(s), {cards} network card(s); the stack attaches 1"
-    if (interfaces, account.gpu_vcpus) != (spec.efa_interfaces, spec.vcpus):
+    # The instance store decides the NVMe RAID0 and the model cache (settings/catalog.py instance_store_gb).
+    store = gpu.get("InstanceStorageInfo", {}).get("TotalSizeInGB", 0) if gpu.get("InstanceStorageSupported") else 0
+    ours = (spec.efa_interfaces, spec.vcpus, spec.instance_store_gb)
+    theirs = (interfaces, account.gpu_vcpus, store)
+    if ours != theirs:
         return [
             Result(
                 "WARN",
                 "EFA",
-                f"{detail}; settings/catalog.py says {spec.efa_interfaces} interface(s), {spec.vcpus} vCPUs, "
-                f"EC2 says {interfaces}, {account.gpu_vcpus}",
+                f"{detail}; settings/catalog.py says {ours[0]} interface(s), {ours[1]} vCPUs, {ours[2]} GB "
+                f"instance store; EC2 says {theirs[0]}, {theirs[1]}, {theirs[2]}",
                 "correct INSTANCE_TYPES in settings/catalog.py",
             )
         ]
