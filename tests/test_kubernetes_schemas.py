@@ -16,15 +16,17 @@ EVERYTHING = {
     "hf_token_secret_name": "prod/hf-token",
     "model_id": "meta-llama/Llama-3.1-8B-Instruct",
     "internal_endpoint_cidrs": "10.0.0.0/8",
+    "model_source": "s3://acme-models/approved/llama-3.1-8b",
 }
 
 
 @pytest.fixture(scope="module")
 def builtin_objects() -> list[dict[str, Any]]:
     objects = [m for m in manifests(synth(**EVERYTHING)) if m["kind"] not in CUSTOM_KINDS]
-    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job", "Service"} <= {
+    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job", "Service", "NetworkPolicy"} <= {
         o["kind"] for o in objects
     }
+    assert "ray-model-reader" in {o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"}
     return objects
 
 
