@@ -267,8 +267,13 @@ GOOD, SLOW_TTFT = (0.5, 0.05, 100.0), (3.0, 0.05, 100.0)
             {(512, 1): GOOD, (4096, 8): SLOW_TTFT},
             "split: disaggregated wins at 4096 tokens x 8; aggregated wins at 512 tokens x 1",
         ),
+        (
+            {(512, 1): SLOW_TTFT, (4096, 8): GOOD},
+            {(512, 1): GOOD, (4096, 8): GOOD},
+            "aggregated wins at 512 tokens x 1; no difference beyond 5% at 4096 tokens x 8",
+        ),
     ],
-    ids=["pd-wins", "pd-loses", "split"],
+    ids=["pd-wins", "pd-loses", "split", "one-win-one-tie"],
 )
 def test_compare_gives_the_known_verdict(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], pd: Any, agg: Any, expected: str

@@ -106,9 +106,13 @@ def verdict(a: ResultSet, b: ResultSet, margin: float) -> tuple[dict[tuple[int, 
         return per_point, f"no difference beyond {margin:.0%} at any load point"
 
     def where(points: list[tuple[int, int]]) -> str:
-        return ", ".join(f"{n} tokens x {c}" for n, c in points) or "none"
+        return ", ".join(f"{n} tokens x {c}" for n, c in points)
 
-    return per_point, f"split: {a.label} wins at {where(wins[a.label])}; {b.label} wins at {where(wins[b.label])}"
+    ties = [p for p, won in per_point.items() if won == "tie"]
+    parts = [f"{label} wins at {where(wins[label])}" for label in (a.label, b.label) if wins[label]]
+    if ties:
+        parts.append(f"no difference beyond {margin:.0%} at {where(ties)}")
+    return per_point, ("split: " if wins[a.label] and wins[b.label] else "") + "; ".join(parts)
 
 
 def _cell(value: float | None) -> str:
