@@ -357,7 +357,8 @@ class Outcome:
 def ray_logs(temp_dir: Path) -> str:
     logs = temp_dir / "session_latest" / "logs"
     parts = []
-    for pattern in ("*.out", "*.err", "serve/*.log"):
+    # old/: where Ray's log monitor moves the files of processes that have exited.
+    for pattern in ("*.out", "*.err", "serve/*.log", "old/*.out", "old/*.err"):
         for path in sorted(logs.glob(pattern)):
             with contextlib.suppress(OSError):
                 parts.append(path.read_text(errors="replace"))
@@ -588,7 +589,12 @@ def _keep_logs(temp_dir: Path, logs_out: Path | None) -> None:
         return
     source = temp_dir / "session_latest" / "logs"
     if source.exists():
-        shutil.copytree(source, logs_out, dirs_exist_ok=True, symlinks=False, ignore_dangling_symlinks=True)
+        try:
+            shutil.copytree(source, logs_out, dirs_exist_ok=True, symlinks=False, ignore_dangling_symlinks=True)
+        except shutil.Error as err:
+            # Ray's log monitor moves a dead process's files into logs/old/ while we copy:
+            # keeping logs is best effort and must never replace the failure being reported.
+            print(f"{len(err.args[0])} log files moved while being kept", file=sys.stderr)
         print(f"Ray and engine logs kept in {logs_out}", file=sys.stderr)
 
 
