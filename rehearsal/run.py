@@ -370,6 +370,15 @@ def _metrics_text(url: str) -> str:
         return str(response.read().decode())
 
 
+def all_prompt_tokens() -> float | None:
+    """Both nodes' prompt-token counters summed; None before either exports one."""
+    from tools.cluster_access import PROMPT_TOKENS, metric_total
+
+    found = [metric_total(_metrics_text(url), PROMPT_TOKENS) for url in (PREFILL_METRICS, DECODE_METRICS)]
+    present = [value for value in found if value is not None]
+    return sum(present) if present else None
+
+
 def check(model_id: str, temp_dir: Path, expected_provider: str, aggregated: bool = False) -> Outcome:
     from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, http_json, metric_total
     from tools.verify import (
@@ -392,11 +401,6 @@ def check(model_id: str, temp_dir: Path, expected_provider: str, aggregated: boo
 
     def prefill_tokens() -> float | None:
         return metric_total(_metrics_text(PREFILL_METRICS), PROMPT_TOKENS)
-
-    def all_prompt_tokens() -> float | None:
-        found = [metric_total(_metrics_text(url), PROMPT_TOKENS) for url in (PREFILL_METRICS, DECODE_METRICS)]
-        present = [value for value in found if value is not None]
-        return sum(present) if present else None
 
     def api() -> list[Any]:
         """The endpoint's two calls; only after every counter's baseline is taken."""
@@ -447,15 +451,11 @@ BENCH_PROMPTS = 4
 def short_bench(model_id: str, model_dir: Path, out: Path, headers: dict[str, str], aggregated: bool) -> None:
     """tools.bench's own sweep, at two small load points: results.csv, results.png and metadata.json in out/."""
     from tools import bench
-    from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, metric_total
+    from tools.cluster_access import NixlSnapshot
     from tools.verify import grew, poll, poll_until_grown
 
     def snapshot() -> NixlSnapshot:
         return NixlSnapshot.of(_metrics_text(DECODE_METRICS))
-
-    def prompt_tokens() -> float | None:
-        found = [metric_total(_metrics_text(url), PROMPT_TOKENS) for url in (PREFILL_METRICS, DECODE_METRICS)]
-        return sum(v for v in found if v is not None)
 
     out.mkdir(parents=True, exist_ok=True)
     # Labelled from the live application, as bench labels a deployment from the live RayService.
@@ -470,7 +470,7 @@ def short_bench(model_id: str, model_dir: Path, out: Path, headers: dict[str, st
     for input_len, concurrency in BENCH_POINTS:
         point = bench.Point(input_len, concurrency)
         name = f"run-{input_len}-{concurrency}.json"
-        before, tokens_before = snapshot(), prompt_tokens()
+        before, tokens_before = snapshot(), all_prompt_tokens()
         command = bench.bench_command(
             base_url=SERVE, model=model_id, point=point, output_len=BENCH_OUTPUT_LEN, num_prompts=BENCH_PROMPTS,
             result_dir=out, result_file=name, tokenizer=str(model_dir),
@@ -478,7 +478,7 @@ def short_bench(model_id: str, model_dir: Path, out: Path, headers: dict[str, st
         subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True)
         # Ray exports counters every 10 s: wait for this point's requests before the next point.
         if aggregated:
-            poll(prompt_tokens, grew(tokens_before))
+            poll(all_prompt_tokens, grew(tokens_before))
             after = snapshot()
         else:
             after = poll_until_grown(snapshot, before)

@@ -85,6 +85,19 @@ def manifest_resource(template: dict[str, Any], kind: str, name_prefix: str = ""
     return found[0]
 
 
+def pod_identity_policy(template: dict[str, Any], service_account: str) -> dict[str, Any]:
+    """The properties of the one IAM policy on the Pod Identity role of this service account."""
+    association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount=service_account)
+    role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    (policy,) = [
+        p["Properties"]
+        for p in resources(template, "AWS::IAM::Policy").values()
+        if {"Ref": role_id} in p["Properties"]["Roles"]
+    ]
+    found: dict[str, Any] = policy
+    return found
+
+
 def helm_releases(template: dict[str, Any]) -> dict[str, str]:
     """Release name -> logical id of its Helm chart resource."""
     return {

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import manifests, only, rayservice_from, require_serve_deps, resources, synth
+from tests.conftest import manifests, only, pod_identity_policy, rayservice_from, require_serve_deps, resources, synth
 from tools.review import render
 
 S3 = {"model_source": "s3://acme-models/approved/qwen3-8b"}
@@ -23,13 +23,7 @@ S3 = {"model_source": "s3://acme-models/approved/qwen3-8b"}
 def reader_policy(template: dict[str, Any]) -> list[dict[str, Any]]:
     association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount="ray-model-reader")
     assert association["Properties"]["Namespace"] == "llm"
-    role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
-    (policy,) = [
-        p["Properties"]
-        for p in resources(template, "AWS::IAM::Policy").values()
-        if {"Ref": role_id} in p["Properties"]["Roles"]
-    ]
-    statements: list[dict[str, Any]] = policy["PolicyDocument"]["Statement"]
+    statements: list[dict[str, Any]] = pod_identity_policy(template, "ray-model-reader")["PolicyDocument"]["Statement"]
     return statements
 
 

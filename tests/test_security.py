@@ -11,7 +11,17 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PROJECT_CONTEXT, ROOT, helm_releases, manifests, only, rayservice_from, resources, synth
+from tests.conftest import (
+    PROJECT_CONTEXT,
+    ROOT,
+    helm_releases,
+    manifests,
+    only,
+    pod_identity_policy,
+    rayservice_from,
+    resources,
+    synth,
+)
 from tools.review import render
 
 TOKEN_SETTINGS = {"hf_token_secret_name": "prod/hf-token", "model_id": "meta-llama/Llama-3.1-8B-Instruct"}
@@ -125,22 +135,9 @@ def test_no_nlb_by_default(template: dict[str, Any]) -> None:
     assert not [m for m in manifests(template) if m["kind"] == "Service"]
 
 
-def external_secrets_policy(template: dict[str, Any]) -> dict[str, Any]:
-    """The properties of the one IAM policy on the External Secrets Pod Identity role."""
-    association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount="external-secrets")
-    role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
-    (policy,) = [
-        p["Properties"]
-        for p in resources(template, "AWS::IAM::Policy").values()
-        if {"Ref": role_id} in p["Properties"]["Roles"]
-    ]
-    found: dict[str, Any] = policy
-    return found
-
-
 def test_token_synced_by_external_secrets_with_one_secret_policy() -> None:
     template = synth(**TOKEN_SETTINGS)
-    policy = external_secrets_policy(template)
+    policy = pod_identity_policy(template, "external-secrets")
     (statement,) = policy["PolicyDocument"]["Statement"]
     assert sorted(statement["Action"]) == ["secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue"]
     assert render(statement["Resource"]).endswith(":secret:prod/hf-token-??????")
@@ -154,7 +151,7 @@ def test_token_synced_by_external_secrets_with_one_secret_policy() -> None:
 def test_a_customer_managed_token_key_is_decryptable_through_secrets_manager_only() -> None:
     key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     template = synth(**TOKEN_SETTINGS, hf_token_kms_key_arn=key)
-    policy = external_secrets_policy(template)
+    policy = pod_identity_policy(template, "external-secrets")
     (decrypt,) = [s for s in policy["PolicyDocument"]["Statement"] if s["Action"] == "kms:Decrypt"]
     assert decrypt["Resource"] == key
     via = render(decrypt["Condition"]["StringEquals"]["kms:ViaService"])
