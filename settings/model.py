@@ -96,6 +96,12 @@ class Settings:
     # An internal NLB for the endpoint, reachable only from these CIDRs; empty: none.
     internal_endpoint_cidrs: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # The S3 console copies a folder's URI with a trailing slash; the one form every
+        # reader sees (the Pod Identity policy, the serve config) has none.
+        if self.model_source is not None and self.model_source.startswith("s3://"):
+            object.__setattr__(self, "model_source", self.model_source.rstrip("/"))
+
     @property
     def gpu_nodes(self) -> int:
         """One GPU node per prefill or decode replica."""
