@@ -21,7 +21,10 @@ from settings import catalog, settings_from_cli
 from tests.aws_fakes import Answer, FakeAws, client_error
 from tests.conftest import ROOT
 from tools.preflight.__main__ import main, markdown, table
-from tools.preflight.checks import Result, cli_bootstrap_version, is_gvt, is_standard, run
+from tools.preflight.account import cli_bootstrap_version
+from tools.preflight.base import Result
+from tools.preflight.capacity import is_gvt, is_standard
+from tools.preflight.checks import run
 
 ACCOUNT = "123456789012"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/platform/Deployer"

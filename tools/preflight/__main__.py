@@ -10,7 +10,8 @@ from pathlib import Path
 
 from settings import CONTEXT_FILE, SettingsError, context_with, settings_from
 from settings.loading import PROJECT_ROOT
-from tools.preflight.checks import CannotCheckError, Result, Session, run
+from tools.preflight.base import CannotCheckError, Result, Session
+from tools.preflight.checks import run
 from tools.preflight.context_file import REPLACE_FLAG, RefusedError, write_context
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from tools.preflight.checks import STACK_NAME, Account, error_code
+from tools.preflight.base import STACK_NAME, Account, error_code
 
 REPLACE_FLAG = "--replace-deployed-cluster"
 

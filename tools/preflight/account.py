@@ -1,0 +1,280 @@
+"""Account checks: credentials and region, CDK bootstrap, the deployed stack, EKS version, token secret, admin."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from botocore.exceptions import ClientError
+
+from settings import catalog
+from tools.preflight.base import STACK_NAME, Account, CannotCheckError, Result, error_code, guarded
+
+# The CLI's own bootstrap template: `cdk bootstrap` with the pinned CLI installs this version.
+CLI_BOOTSTRAP_TEMPLATE = (
+    Path(__file__).resolve().parents[2] / "node_modules/aws-cdk/lib/api/bootstrap/bootstrap-template.yaml"
+)
+_README_ADMIN_WARNING = (
+    "the cluster is created by CloudFormation's role: without an access entry for you, "
+    "kubectl and make verify are refused"
+)
+
+
+# --- credentials and region ------------------------------------------------------
+def identity(account: Account) -> list[Result]:
+    """Who is calling, in which account and region. Raises CannotCheckError without credentials."""
+    from botocore.exceptions import NoCredentialsError, NoRegionError, PartialCredentialsError
+
+    settings = account.settings
+    account.region = settings.effective_region or account.session.region_name or ""
+    account.region_from_settings = settings.effective_region is not None
+    if not account.region:
+        raise CannotCheckError(
+            "no AWS region: set AWS_REGION (the CDK CLI reads it too) or a profile's region, or -c region=<region>"
+        )
+    try:
+        caller = account.client("sts").get_caller_identity()
+    except (NoCredentialsError, PartialCredentialsError):
+        raise CannotCheckError(
+            "no AWS credentials found: set AWS_PROFILE or run `aws configure` / `aws sso login`"
+        ) from None
+    except NoRegionError:
+        raise CannotCheckError("no AWS region: set AWS_REGION or -c region=<region>") from None
+    except ClientError as err:
+        raise CannotCheckError(f"the AWS credentials were refused: {error_code(err)}") from None
+    account.account_id, account.caller_arn = caller["Account"], caller["Arn"]
+    results = []
+    if settings.account and settings.account != account.account_id:
+        results.append(
+            Result(
+                "FAIL",
+                "credentials",
+                f"{account.caller_arn} is in account {account.account_id}, the settings name {settings.account}",
+                f"use credentials for {settings.account}, or -c account={account.account_id}",
+            )
+        )
+    else:
+        results.append(Result("PASS", "credentials", f"{account.caller_arn} (account {account.account_id})"))
+    if account.region_from_settings:
+        results.append(Result("PASS", "region", f"{account.region} (from the settings)"))
+    else:
+        results.append(
+            Result(
+                "WARN",
+                "region",
+                f"{account.region} comes from your AWS profile, not the settings: another shell may deploy elsewhere",
+                "python -m tools.preflight --write-context (records it in cdk.context.json)",
+            )
+        )
+    return results
+
+
+def cli_bootstrap_version(template: Path = CLI_BOOTSTRAP_TEMPLATE) -> int | None:
+    """The bootstrap version the pinned CLI's `cdk bootstrap` installs (its template's CdkBootstrapVersion)."""
+    if not template.exists():
+        return None
+    text = template.read_text(encoding="utf-8")
+    block = text[text.index("  CdkBootstrapVersion:") :]
+    found = re.search(r"Value: '(\d+)'", block)
+    return int(found.group(1)) if found else None
+
+
+def bootstrap(account: Account) -> list[Result]:
+    """The version the template's CheckBootstrapVersion rule reads from SSM."""
+    fix = f"npx cdk bootstrap aws://{account.account_id}/{account.region}"
+    parameter = f"/cdk-bootstrap/{catalog.CDK_BOOTSTRAP_QUALIFIER}/version"
+    try:
+        value = account.client("ssm").get_parameter(Name=parameter)["Parameter"]["Value"]
+    except ClientError as err:
+        if error_code(err) == "ParameterNotFound":
+            return [Result("FAIL", "CDK bootstrap", f"{account.region} is not bootstrapped ({parameter} missing)", fix)]
+        raise
+    version = int(value)
+    needed = catalog.CDK_BOOTSTRAP_MIN_VERSION
+    if account.settings.vpc_id is not None:
+        needed = catalog.CDK_BOOTSTRAP_LOOKUP_MIN_VERSION
+    if version < needed:
+        return [Result("FAIL", "CDK bootstrap", f"version {version}; this stack needs {needed} or later", fix)]
+    current = cli_bootstrap_version()
+    if current is not None and version < current:
+        return [
+            Result(
+                "WARN",
+                "CDK bootstrap",
+                f"version {version} works, but the pinned CLI installs {current}; its fixes are not in this account",
+                fix,
+            )
+        ]
+    return [Result("PASS", "CDK bootstrap", f"version {version} (needs {needed})")]
+
+
+def deployed_stack(account: Account) -> list[Result]:
+    """Whether this stack is already deployed here, and in which GPU AZ: no line of its own."""
+    try:
+        stacks = account.client("cloudformation").describe_stacks(StackName=STACK_NAME)["Stacks"]
+    except ClientError as err:
+        if error_code(err) == "ValidationError":
+            return []
+        raise
+    account.deployed = True
+    outputs = {o["OutputKey"]: o.get("OutputValue") for o in stacks[0].get("Outputs", [])}
+    account.deployed_az = outputs.get("GpuNodeAvailabilityZone")
+    return []
+
+
+# --- EKS and instance types ----------------------------------------------------------
+def kubernetes_version(account: Account) -> list[Result]:
+    wanted = account.settings.kubernetes_version
+    versions = account.client("eks").describe_cluster_versions(clusterVersions=[wanted])["clusterVersions"]
+    found = [v for v in versions if v.get("clusterVersion") == wanted]
+    status = found[0].get("versionStatus") if found else None
+    offered = sorted(catalog.KUBERNETES_VERSIONS)
+    if status == "STANDARD_SUPPORT":
+        return [Result("PASS", "Kubernetes version", f"{wanted}: standard support in {account.region}")]
+    if status == "EXTENDED_SUPPORT":
+        end = found[0].get("endOfExtendedSupportDate")
+        return [
+            Result(
+                "WARN",
+                "Kubernetes version",
+                f"{wanted} is in extended support (a higher hourly control-plane price) until {end:%Y-%m-%d}"
+                if end
+                else f"{wanted} is in extended support (a higher hourly control-plane price)",
+                f"-c kubernetes_version={offered[-1]}",
+            )
+        ]
+    return [
+        Result(
+            "FAIL",
+            "Kubernetes version",
+            f"EKS does not create {wanted} clusters in {account.region}",
+            f"-c kubernetes_version={offered[-1]}",
+        )
+    ]
+
+
+# --- the model token ---------------------------------------------------------------
+def token_secret(account: Account) -> list[Result]:
+    settings = account.settings
+    name = settings.hf_token_secret_name
+    if name is None:
+        return []
+    try:
+        secret = account.client("secretsmanager").describe_secret(SecretId=name)
+    except ClientError as err:
+        if error_code(err) == "ResourceNotFoundException":
+            return [
+                Result(
+                    "FAIL",
+                    "token secret",
+                    f"no secret {name!r} in {account.region}",
+                    f"aws secretsmanager create-secret --name {name} --secret-string file://token.txt "
+                    f"--region {account.region}",
+                )
+            ]
+        raise
+    if secret.get("DeletedDate"):
+        restore = f"aws secretsmanager restore-secret --secret-id {name}"
+        return [Result("FAIL", "token secret", f"{name!r} is scheduled for deletion", restore)]
+    if not any("AWSCURRENT" in stages for stages in secret.get("VersionIdsToStages", {}).values()):
+        return [
+            Result(
+                "FAIL",
+                "token secret",
+                f"{name!r} has no current value",
+                f"aws secretsmanager put-secret-value --secret-id {name} --secret-string file://token.txt",
+            )
+        ]
+    results = [Result("PASS", "token secret", f"{name!r} exists with a current value")]
+    key = secret.get("KmsKeyId")
+    if not key:
+        results.append(Result("PASS", "token secret key", "Secrets Manager's AWS managed key: no grant needed"))
+        return results
+    results.extend(guarded("token secret key", lambda a: _token_key(a, key))(account))
+    return results
+
+
+def _token_key(account: Account, key: str) -> list[Result]:
+    metadata = account.client("kms").describe_key(KeyId=key)["KeyMetadata"]
+    if metadata.get("KeyManager") == "AWS":
+        return [Result("PASS", "token secret key", f"{metadata['Arn']} is AWS managed: no grant needed")]
+    configured = account.settings.hf_token_kms_key_arn
+    if configured == metadata["Arn"]:
+        return [Result("PASS", "token secret key", f"{metadata['Arn']}: the External Secrets role may decrypt with it")]
+    if configured is None:
+        return [
+            Result(
+                "WARN",
+                "token secret key",
+                f"the secret is encrypted with the customer-managed key {metadata['Arn']}; without kms:Decrypt "
+                "the External Secrets role cannot read it and the model token never reaches the pods",
+                f"-c hf_token_kms_key_arn={metadata['Arn']} "
+                "(the key policy must also let this account's IAM policies grant it)",
+            )
+        ]
+    return [
+        Result(
+            "FAIL",
+            "token secret key",
+            f"hf_token_kms_key_arn is {configured}, but the secret is encrypted with {metadata['Arn']}",
+            f"-c hf_token_kms_key_arn={metadata['Arn']}",
+        )
+    ]
+
+
+# --- cluster access ----------------------------------------------------------------
+_ASSUMED = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/")
+
+
+def _role_name(arn: str) -> str | None:
+    """The role name of an IAM role ARN, without its path."""
+    found = re.match(r"^arn:aws[a-z-]*:iam::\d{12}:role/(?:.*/)?([^/]+)$", arn)
+    return found.group(1) if found else None
+
+
+def cluster_admin(account: Account) -> list[Result]:
+    settings = account.settings
+    iam = account.client("iam")
+    results = []
+    for arn in settings.cluster_admin_arns:
+        name = _role_name(arn)
+        if name is None or f":{account.account_id}:" not in arn:
+            continue
+        try:
+            actual = iam.get_role(RoleName=name)["Role"]["Arn"]
+        except ClientError as err:
+            if error_code(err) != "NoSuchEntity":
+                raise
+            return [
+                Result(
+                    "FAIL",
+                    "cluster admin",
+                    f"cluster_admin_arns names {arn}, which does not exist: EKS refuses its access entry",
+                    "-c cluster_admin_arns=<your role's ARN, path included>",
+                )
+            ]
+        if actual != arn:
+            return [
+                Result(
+                    "FAIL",
+                    "cluster admin",
+                    f"cluster_admin_arns names {arn}; the role's ARN is {actual} (with its path)",
+                    f"-c cluster_admin_arns={actual}",
+                )
+            ]
+    caller = account.caller_arn
+    assumed = _ASSUMED.match(caller)
+    if assumed:
+        caller = iam.get_role(RoleName=assumed.group(3))["Role"]["Arn"]
+    if caller in settings.cluster_admin_arns:
+        results.append(Result("PASS", "cluster admin", f"{caller} gets cluster admin"))
+    else:
+        results.append(
+            Result(
+                "WARN",
+                "cluster admin",
+                f"{caller} is not in cluster_admin_arns: {_README_ADMIN_WARNING}",
+                f"-c cluster_admin_arns={caller}",
+            )
+        )
+    return results

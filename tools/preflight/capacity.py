@@ -1,0 +1,282 @@
+"""Capacity checks: the instance types and EFA, a capacity reservation, the GPU AZ's offering, the vCPU quotas."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from botocore.exceptions import ClientError
+
+from settings import catalog
+from tools.preflight.base import Account, Result, error_code, pages, quota_value
+
+
+# --- instance types and EFA ----------------------------------------------------------
+def efa(account: Account) -> list[Result]:
+    settings = account.settings
+    gpu_type, system_type = settings.gpu_instance_type, settings.system_instance_type
+    described = {
+        t["InstanceType"]: t
+        for t in account.client("ec2").describe_instance_types(InstanceTypes=sorted({gpu_type, system_type}))[
+            "InstanceTypes"
+        ]
+    }
+    gpu, system = described.get(gpu_type), described.get(system_type)
+    if gpu is None or system is None:
+        missing = gpu_type if gpu is None else system_type
+        return [Result("FAIL", "EFA", f"{missing} is not an instance type in {account.region}")]
+    account.gpu_vcpus = gpu["VCpuInfo"]["DefaultVCpus"]
+    account.system_vcpus = system["VCpuInfo"]["DefaultVCpus"]
+    network = gpu.get("NetworkInfo", {})
+    interfaces = network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0)
+    cards = network.get("MaximumNetworkCards", 1)
+    if not network.get("EfaSupported"):
+        efa_types = sorted(k for k, v in catalog.INSTANCE_TYPES.items() if v.gpus == 1 and v.efa_interfaces)
+        return [Result("FAIL", "EFA", f"{gpu_type} does not support EFA", f"-c gpu_instance_type= one of {efa_types}")]
+    spec = catalog.INSTANCE_TYPES[gpu_type]
+    detail = f"{gpu_type}: EFA supported, {interfaces} EFA interface(s), {cards} network card(s); the stack attaches 1"
+    # The instance store decides the NVMe RAID0 and the model cache (settings/catalog.py instance_store_gb).
+    store = gpu.get("InstanceStorageInfo", {}).get("TotalSizeInGB", 0) if gpu.get("InstanceStorageSupported") else 0
+    ours = (spec.efa_interfaces, spec.vcpus, spec.instance_store_gb)
+    theirs = (interfaces, account.gpu_vcpus, store)
+    if ours != theirs:
+        return [
+            Result(
+                "WARN",
+                "EFA",
+                f"{detail}; settings/catalog.py says {ours[0]} interface(s), {ours[1]} vCPUs, {ours[2]} GB "
+                f"instance store; EC2 says {theirs[0]}, {theirs[1]}, {theirs[2]}",
+                "correct INSTANCE_TYPES in settings/catalog.py",
+            )
+        ]
+    return [Result("PASS", "EFA", detail)]
+
+
+def capacity_reservation(account: Account) -> list[Result]:
+    settings = account.settings
+    reservation_id = settings.gpu_capacity_reservation_id
+    if reservation_id is None:
+        return []
+    try:
+        found = account.client("ec2").describe_capacity_reservations(CapacityReservationIds=[reservation_id])
+    except ClientError as err:
+        if error_code(err).startswith("InvalidCapacityReservationId"):
+            return [Result("FAIL", "capacity reservation", f"{reservation_id} does not exist in {account.region}")]
+        raise
+    r = found["CapacityReservations"][0]
+    account.reservation_az = r["AvailabilityZone"]
+    wanted_az = settings.gpu_availability_zone or r["AvailabilityZone"]
+    problems = []
+    if r["State"] != "active":
+        problems.append(f"state {r['State']}")
+    if r["InstanceType"] != settings.gpu_instance_type:
+        problems.append(f"type {r['InstanceType']}, not {settings.gpu_instance_type}")
+    if r["AvailabilityZone"] != wanted_az:
+        problems.append(f"AZ {r['AvailabilityZone']}, not gpu_availability_zone {wanted_az}")
+    if r.get("Tenancy", "default") != "default":
+        problems.append(f"tenancy {r['Tenancy']} (the node group launches default tenancy)")
+    if r["AvailableInstanceCount"] < settings.gpu_nodes:
+        problems.append(f"{r['AvailableInstanceCount']} available of the {settings.gpu_nodes} the GPU nodes need")
+    if problems:
+        return [
+            Result(
+                "FAIL",
+                "capacity reservation",
+                f"{reservation_id}: " + "; ".join(problems),
+                "fix the reservation, or -c gpu_capacity_reservation_id=none",
+            )
+        ]
+    detail = f"{reservation_id}: active, {r['AvailableInstanceCount']} x {r['InstanceType']} in {r['AvailabilityZone']}"
+    end = r.get("EndDate")
+    if end is not None and end - datetime.now(UTC) < timedelta(days=7):
+        return [Result("WARN", "capacity reservation", f"{detail}; it ends {end:%Y-%m-%d %H:%M} UTC")]
+    return [Result("PASS", "capacity reservation", detail)]
+
+
+def _offerings(account: Account, instance_types: list[str]) -> dict[str, set[str]]:
+    """Instance type -> the AZs of the region that offer it."""
+    found: dict[str, set[str]] = {t: set() for t in instance_types}
+    for offer in pages(
+        account.client("ec2"),
+        "describe_instance_type_offerings",
+        "InstanceTypeOfferings",
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": instance_types}],
+    ):
+        found[offer["InstanceType"]].add(offer["Location"])
+    return found
+
+
+def gpu_zone(account: Account) -> list[Result]:
+    """The GPU AZ offers the GPU type and the VPC's AZs offer the system type; with none chosen, pick one."""
+    settings = account.settings
+    gpu_type, system_type = settings.gpu_instance_type, settings.system_instance_type
+    offers = _offerings(account, sorted({gpu_type, system_type}))
+    zones = [
+        z["ZoneName"]
+        for z in account.client("ec2").describe_availability_zones(
+            Filters=[{"Name": "state", "Values": ["available"]}]
+        )["AvailabilityZones"]
+        if z.get("ZoneType", "availability-zone") == "availability-zone"
+    ]
+
+    def vpc_azs(gpu_az: str) -> list[str]:
+        if settings.vpc_id is not None:
+            return account.private_subnet_azs
+        return replace(settings, gpu_availability_zone=gpu_az).new_vpc_availability_zones or []
+
+    def works(gpu_az: str) -> bool:
+        if gpu_az not in offers[gpu_type]:
+            return False
+        if settings.vpc_id is not None:
+            return gpu_az in account.private_subnet_azs
+        azs = vpc_azs(gpu_az)
+        return all(z in zones and z in offers[system_type] for z in azs)
+
+    good = [z for z in zones if works(z)]
+    both = sorted(offers[gpu_type] & offers[system_type])
+    name = "GPU availability zone"
+    if settings.gpu_availability_zone is not None:
+        az = settings.gpu_availability_zone
+        if az not in offers[gpu_type]:
+            return [
+                Result(
+                    "FAIL",
+                    name,
+                    f"{az} does not offer {gpu_type}; AZs that offer it with {system_type}: {both}",
+                    f"-c gpu_availability_zone={good[0]}" if good else "-c gpu_instance_type=<another type>",
+                )
+            ]
+        if not works(az):
+            return [
+                Result(
+                    "FAIL",
+                    name,
+                    f"{az} offers {gpu_type}, but the VPC's AZs {vpc_azs(az)} do not all offer {system_type}"
+                    + (" or hold private subnets" if settings.vpc_id else ""),
+                    f"-c gpu_availability_zone={good[0]}" if good else "-c system_instance_type=<another type>",
+                )
+            ]
+        account.chosen_az = az
+        return [Result("PASS", name, f"{az} offers {gpu_type}; the VPC's AZs {vpc_azs(az)} offer {system_type}")]
+    # None chosen: keep what is deployed, else a reservation's AZ, else the first that works.
+    preferred = [z for z in (account.deployed_az, account.reservation_az) if z]
+    pick = next((z for z in [*preferred, *good] if works(z)), None)
+    if pick is None:
+        return [
+            Result(
+                "FAIL",
+                name,
+                f"no AZ of {account.region} offers {gpu_type} with {system_type} in the VPC's other AZs",
+                "choose another region (-c region=...) or -c gpu_instance_type=<another type>",
+            )
+        ]
+    account.chosen_az = pick
+    if settings.vpc_id is not None:
+        default = account.private_subnet_azs[0] if account.private_subnet_azs else "?"
+    else:
+        default = zones[0] if zones else "?"
+    if account.deployed_az:
+        default = account.deployed_az
+    record = "python -m tools.preflight --write-context"
+    if default not in offers[gpu_type]:
+        return [
+            Result(
+                "FAIL",
+                name,
+                f"none chosen: the stack would use {default}, which does not offer {gpu_type}; "
+                f"{pick} does (AZs offering both types: {both})",
+                record,
+            )
+        ]
+    return [
+        Result(
+            "WARN",
+            name,
+            f"none chosen: the stack would use {default}; picked {pick} (AZs offering both types: {both})",
+            f"{record} (records {pick} in cdk.context.json)",
+        )
+    ]
+
+
+# --- vCPU quotas ---------------------------------------------------------------------
+def _family(instance_type: str) -> str:
+    found = re.match(r"[a-z]+", instance_type)
+    return found.group(0) if found else ""
+
+
+def is_gvt(instance_type: str) -> bool:
+    """Counted by "Running On-Demand G and VT instances" (g4dn, g6, gr6, vt1, ...)."""
+    return _family(instance_type).startswith(("g", "vt"))
+
+
+def is_standard(instance_type: str) -> bool:
+    """Counted by "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"."""
+    family = _family(instance_type)
+    return family[:1] in set("acdhimrtz") and not family.startswith(("inf", "dl", "mac", "hpc", "trn"))
+
+
+def running_vcpus(account: Account) -> tuple[int, int]:
+    """(G and VT vCPUs, standard vCPUs) of the region's pending and running On-Demand instances."""
+    gvt = standard = 0
+    for reservation in pages(
+        account.client("ec2"),
+        "describe_instances",
+        "Reservations",
+        Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}],
+    ):
+        for instance in reservation["Instances"]:
+            if instance.get("InstanceLifecycle") == "spot":
+                continue
+            cpu = instance.get("CpuOptions", {})
+            vcpus = cpu.get("CoreCount", 0) * cpu.get("ThreadsPerCore", 1)
+            if is_gvt(instance["InstanceType"]):
+                gvt += vcpus
+            elif is_standard(instance["InstanceType"]):
+                standard += vcpus
+    return gvt, standard
+
+
+def _quota_line(
+    account: Account, quota: catalog.Quota, used: int, nodes: int, surge: int, vcpus: int, what: str
+) -> Result:
+    limit = int(quota_value(account, quota))
+    free = limit - used
+    create = 0 if account.deployed else nodes * vcpus
+    update = surge * vcpus
+    detail = (
+        f"{quota.name} ({quota.code}): {limit} vCPUs, {used} in use; {what} need {create}"
+        + (" more (already deployed)" if account.deployed else "")
+        + f", and an update {update} more"
+    )
+    ask = (
+        f"aws service-quotas request-service-quota-increase --service-code {quota.service} "
+        f"--quota-code {quota.code} --desired-value {used + create + update} --region {account.region}"
+    )
+    if create > free:
+        return Result("FAIL", quota.label, detail, ask)
+    if create + update > free:
+        return Result("WARN", quota.label, detail + " (a node group update would stall)", ask)
+    return Result("PASS", quota.label, detail)
+
+
+def vcpu_quotas(account: Account) -> list[Result]:
+    settings = account.settings
+    if not account.gpu_vcpus:
+        return []  # the EFA check could not describe the types; it has said so
+    gvt, standard = running_vcpus(account)
+    surge = catalog.NODE_UPDATE_SURGE_PER_AZ
+    system_azs = settings.max_azs if settings.vpc_id is None else max(2, len(account.private_subnet_azs))
+    return [
+        _quota_line(account, catalog.GVT_VCPUS, gvt, settings.gpu_nodes, surge, account.gpu_vcpus, "the GPU nodes"),
+        _quota_line(
+            account,
+            catalog.STANDARD_VCPUS,
+            standard,
+            settings.system_nodes_desired,
+            surge * system_azs,
+            account.system_vcpus,
+            "the system nodes",
+        ),
+    ]
