@@ -25,7 +25,12 @@ class ModelReadAccess(Construct):
 
     Attributes:
         role: the Pod Identity role.
-        service_account_manifest: the ServiceAccount; the RayService must wait for it.
+        service_account_manifest: the ServiceAccount.
+
+    The RayService must wait for the whole construct: EKS Pod Identity hands a pod
+    credentials at admission only if the association exists by then, and Ray's S3
+    download logs a failed file and goes on, so the error would surface later as
+    missing files.
     """
 
     def __init__(

@@ -138,7 +138,8 @@ class PdInferenceStack(Stack):
                 prefix=location[1],
             )
             weights.service_account_manifest.node.add_dependency(service.namespace_manifest)
-            service.rayservice_manifest.node.add_dependency(weights.service_account_manifest)
+            # The whole construct: pods admitted before the association exists never get credentials.
+            service.rayservice_manifest.node.add_dependency(weights)
         token_releases: list[Construct] = []
         if settings.hf_token_secret_name is not None:
             token = ModelTokenSync(

@@ -14,7 +14,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import manifests, only, pod_identity_policy, rayservice_from, require_serve_deps, resources, synth
+from tests.conftest import (
+    manifest_resource,
+    manifests,
+    only,
+    pod_identity_policy,
+    rayservice_from,
+    require_serve_deps,
+    resources,
+    synth,
+)
+from tests.template_graph import depends_on
 from tools.review import render
 
 S3 = {"model_source": "s3://acme-models/approved/qwen3-8b"}
@@ -38,6 +48,28 @@ def test_the_role_reads_the_prefix_and_nothing_wider() -> None:
     assert render(listing["Resource"]) == "arn:${AWS::Partition}:s3:::acme-models"
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["approved/qwen3-8b/", "approved/qwen3-8b/*"]}}
     assert all(s["Effect"] == "Allow" for s in statements)
+
+
+def test_the_rayservice_waits_for_the_association_and_its_policy() -> None:
+    """Pods admitted before the association exists never get credentials, and Ray's S3 download only logs a failure.
+
+    The Pod Identity webhook injects the credentials at admission: the RayService
+    must come after the ServiceAccount, the association, the role and its policy.
+    """
+    template = synth(**S3)
+    rayservice = manifest_resource(template, "RayService")
+    (association,) = [
+        k
+        for k, r in resources(template, "AWS::EKS::PodIdentityAssociation").items()
+        if r["Properties"]["ServiceAccount"] == "ray-model-reader"
+    ]
+    role = template["Resources"][association]["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    (policy,) = [
+        k for k, p in resources(template, "AWS::IAM::Policy").items() if {"Ref": role} in p["Properties"]["Roles"]
+    ]
+    account = manifest_resource(template, "ServiceAccount", name_prefix="ray-model-reader")
+    for needed in (association, policy, role, account):
+        assert depends_on(template, rayservice, needed), needed
 
 
 def test_every_ray_pod_runs_as_the_reader_service_account() -> None:
