@@ -38,7 +38,10 @@ class EfaGpuNodes(Construct):
         subnet: the one subnet (and so one AZ) every EFA node shares.
         instance_type: an EFA-capable GPU type; default "g6.8xlarge".
         node_count: fixed size of the group; default 2 (one prefill, one decode).
-        volume_gib: root volume, gp3, encrypted; default 300.
+        volume_gib: root volume, gp3, encrypted; default 300, for a type without
+            instance store, whose root holds the image and the weights. With
+            local_nvme_raid0 the root keeps only what nodeadm leaves there (the AMI,
+            the journal): settings/sizing.py gpu_root_volume_gib sizes it for the type.
         placement_group: put the nodes in a new cluster placement group; default True.
         capacity_reservation_id: launch into this EC2 capacity reservation; default None.
         pods_reach_imds: IMDS hop limit 2 instead of 1; default False.

@@ -44,7 +44,7 @@ class CostLine:
 def hourly_cost(s: Settings) -> list[CostLine]:
     """What the stack runs per hour at its desired sizes, on demand."""
     nat_gateways = 0 if s.vpc_id else s.max_azs
-    disks_gb = s.system_nodes_desired * s.system_volume_gib + s.gpu_nodes * s.gpu_volume_gib
+    disks_gb = s.system_nodes_desired * s.system_volume_gib + s.gpu_nodes * s.gpu_root_volume_gib
     return [
         CostLine(f"{s.gpu_instance_type} GPU nodes", s.gpu_nodes, INSTANCE_PRICES_PER_HOUR.get(s.gpu_instance_type)),
         CostLine(

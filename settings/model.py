@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, fields
 
 from settings import catalog
-from settings.sizing import gpu_memory_plan_gib
+from settings.sizing import GPU_ROOT_MAX_GIB, gpu_memory_plan_gib, gpu_root_volume_floor, gpu_root_volume_gib
 
 ENDPOINT_ACCESS_MODES: tuple[str, ...] = ("public_and_private", "private")
 # disaggregated: prefill and decode on their own GPU nodes, KV over NIXL;
@@ -63,11 +63,10 @@ class Settings:
     # GPU nodes: one per prefill or decode replica.
     gpu_instance_type: str = catalog.DEFAULT_GPU_INSTANCE_TYPE
     gpu_availability_zone: str | None = None
-    # The image (~20 GB unpacked) plus the model weights in the Hugging Face
-    # cache (16 GB for 8B in BF16, kept twice while downloading) plus
-    # containerd's copy during an image upgrade: 300 GiB leaves room for a
-    # model twice the default's size.
-    gpu_volume_gib: int = 300
+    # The root volume; None: the instance type's default (settings/sizing.py
+    # gpu_root_volume_gib), small where kubelet, containerd and the model cache
+    # live on the instance store's NVMe, large where the root holds them.
+    gpu_volume_gib: int | None = None
     gpu_placement_group: bool = True
     gpu_capacity_reservation_id: str | None = None
     # Pods may reach the instance metadata service (hop limit 2) only if asked.
@@ -106,6 +105,10 @@ class Settings:
     def gpu_nodes(self) -> int:
         """One GPU node per prefill or decode replica."""
         return self.prefill_replicas + self.decode_replicas
+
+    @property
+    def gpu_root_volume_gib(self) -> int:
+        return gpu_root_volume_gib(self)
 
     @property
     def gpu_instance(self) -> catalog.InstanceSpec:
@@ -283,9 +286,14 @@ def validate(s: Settings) -> Settings:
             s.gpu_availability_zone,
             f"an AZ of region {region!r}: {list(azs)}" if azs else f"an AZ of one of {regions}",
         )
-    _require(
-        100 <= s.gpu_volume_gib <= 16384, "gpu_volume_gib", s.gpu_volume_gib, "100 to 16384 (image plus model weights)"
-    )
+    if s.gpu_volume_gib is not None:
+        floor, holds = gpu_root_volume_floor(s)
+        _require(
+            floor <= s.gpu_volume_gib <= GPU_ROOT_MAX_GIB,
+            "gpu_volume_gib",
+            s.gpu_volume_gib,
+            f"{floor} to {GPU_ROOT_MAX_GIB} on {s.gpu_instance_type} ({holds})",
+        )
     if s.gpu_capacity_reservation_id is not None:
         _require(
             bool(_CAPACITY_RESERVATION.match(s.gpu_capacity_reservation_id)),

@@ -72,7 +72,7 @@ class PdInferenceStack(Stack):
             subnet=network.gpu_subnet,
             instance_type=settings.gpu_instance_type,
             node_count=settings.gpu_nodes,
-            volume_gib=settings.gpu_volume_gib,
+            volume_gib=settings.gpu_root_volume_gib,
             placement_group=settings.gpu_placement_group,
             capacity_reservation_id=settings.gpu_capacity_reservation_id,
             pods_reach_imds=settings.pod_imds_access,

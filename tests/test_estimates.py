@@ -73,10 +73,10 @@ def test_the_plan_table_says_why() -> None:
 
 
 def test_cost_matches_hand_calculation() -> None:
-    # 2 x 2.0144 + 2 x 0.2016 + 2 NAT x 0.045 + 0.10 EKS + (2 x 100 + 2 x 300) GB x 0.08 / 730 = 4.7097 $/h
+    # 2 x 2.0144 + 2 x 0.2016 + 2 NAT x 0.045 + 0.10 EKS + (2 x 100 + 2 x 50) GB x 0.08 / 730 = 4.6549 $/h
     total = sum(line.per_hour or 0 for line in hourly_cost(Settings()))
-    assert total == pytest.approx(4.7097, abs=0.001)
-    assert cost_summary(Settings()).startswith("~$4.71/h")
+    assert total == pytest.approx(4.6549, abs=0.001)
+    assert cost_summary(Settings()).startswith("~$4.65/h")
     assert PRICE_DATE in cost_summary(Settings())
 
 
@@ -85,4 +85,4 @@ def test_cost_names_what_it_cannot_price() -> None:
 
 
 def test_cost_is_a_stack_output(template: dict[str, Any]) -> None:
-    assert template["Outputs"]["EstimatedCostPerHour"]["Value"].startswith("~$4.71/h")
+    assert template["Outputs"]["EstimatedCostPerHour"]["Value"].startswith("~$4.65/h")

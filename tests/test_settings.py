@@ -67,7 +67,7 @@ BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
     ({"account": "12345"}, "account", "12 digits"),
     ({"cluster_admin_arns": "alice"}, "cluster_admin_arns", "IAM role or user ARNs"),
     ({"cluster_admin_arns": "[not json"}, "cluster_admin_arns", "a JSON list or comma-separated text"),
-    ({"gpu_volume_gib": 50}, "gpu_volume_gib", "100 to 16384"),
+    ({"gpu_volume_gib": 20}, "gpu_volume_gib", "30 to 16384 on g6.8xlarge"),
     ({"gpu_volume_gib": "big"}, "gpu_volume_gib", "a whole number"),
     ({"gpu_placement_group": "maybe"}, "gpu_placement_group", "true or false"),
     ({"gpu_capacity_reservation_id": "cr-123"}, "gpu_capacity_reservation_id", "cr- and 17 hex digits"),
