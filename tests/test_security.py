@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import subprocess
@@ -90,6 +91,61 @@ def test_secrets_envelope_encrypted_with_rotating_key(template: dict[str, Any]) 
     key = template["Resources"][key_id]
     assert key["Type"] == "AWS::KMS::Key"
     assert key["Properties"]["EnableKeyRotation"] is True
+
+
+# What CloudWatch Logs calls on a log group's KMS key (CloudWatch Logs User Guide, "Encrypt log
+# data in CloudWatch Logs using AWS KMS": its key policy statement names these as wildcards).
+LOGS_KMS_ACTIONS = ("kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey",
+                    "kms:DescribeKey")  # fmt: skip
+LOGS_SERVICE = "logs.${AWS::Region}.amazonaws.com"
+ACCOUNT_LOG_GROUP = "arn:${AWS::Partition}:logs:${AWS::Region}:${AWS::AccountId}:log-group:"
+
+
+def _key_policy_allows(key: dict[str, Any], service: str, action: str, log_group_arn: str) -> bool:
+    """Whether an Allow statement of the key's policy admits `service` calling `action` for this log group.
+
+    Only what these statements use: a Service principal, action wildcards, and ArnLike/ArnEquals on
+    the encryption context CloudWatch Logs sends (kms:EncryptionContext:aws:logs:arn); any other
+    condition does not match.
+    """
+    for statement in key["Properties"]["KeyPolicy"]["Statement"]:
+        principals = statement.get("Principal", {}).get("Service", [])
+        principals = [principals] if not isinstance(principals, list) else principals
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        if statement["Effect"] != "Allow" or service not in [render(p) for p in principals]:
+            continue
+        if not any(fnmatch.fnmatchcase(action, pattern) for pattern in actions):
+            continue
+        context = {"kms:EncryptionContext:aws:logs:arn": log_group_arn}
+        conditions_hold = True
+        for operator, clauses in statement.get("Condition", {}).items():
+            for key_name, wanted in clauses.items():
+                wanted_values = [render(w) for w in (wanted if isinstance(wanted, list) else [wanted])]
+                if operator == "ArnLike":
+                    ok = any(fnmatch.fnmatchcase(context.get(key_name, ""), w) for w in wanted_values)
+                elif operator == "ArnEquals":
+                    ok = context.get(key_name) in wanted_values
+                else:
+                    ok = False
+                conditions_hold = conditions_hold and ok
+        if conditions_hold:
+            return True
+    return False
+
+
+def test_cloudwatch_logs_may_use_the_logs_key_for_the_stacks_log_groups(template: dict[str, Any]) -> None:
+    """Without this statement, creating the KMS-encrypted log groups fails at deploy (no test of synth sees it)."""
+    groups = resources(template, "AWS::Logs::LogGroup")
+    (key_id,) = {g["Properties"]["KmsKeyId"]["Fn::GetAtt"][0] for g in groups.values()}
+    key = template["Resources"][key_id]
+    for logical_id, group in groups.items():
+        name = render(group["Properties"].get("LogGroupName", {"Ref": logical_id}))
+        for action in LOGS_KMS_ACTIONS:
+            assert _key_policy_allows(key, LOGS_SERVICE, action, ACCOUNT_LOG_GROUP + name), (logical_id, action)
+    # Only for this account's and region's log groups, and only for CloudWatch Logs.
+    elsewhere = "arn:${AWS::Partition}:logs:${AWS::Region}:111122223333:log-group:theirs"
+    assert not _key_policy_allows(key, LOGS_SERVICE, "kms:Decrypt", elsewhere)
+    assert not _key_policy_allows(key, "s3.amazonaws.com", "kms:Decrypt", ACCOUNT_LOG_GROUP + "x")
 
 
 def test_vpc_flow_logs(template: dict[str, Any]) -> None:
