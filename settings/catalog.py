@@ -118,6 +118,10 @@ ALL_CHARTS = (KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, EXTERNA
 # checks they agree).
 DEFAULT_RAY_IMAGE = "public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0"
 IMAGE_RAY_VERSION = "2.58.0"
+# What ray[llm]==2.58.0 pins (its wheel METADATA), and so the image's: verify checks
+# them in a worker pod; a test keeps them equal to requirements-serve.lock.
+IMAGE_VLLM_VERSION = "0.26.0"
+IMAGE_NIXL_VERSION = "1.3.1"
 # The image's CUDA 13.0.2 needs an NVIDIA driver of branch 580 or newer (NVIDIA's
 # CUDA release notes; the AL2023 NVIDIA AMI for 1.36 ships 580.159.03): verify checks it.
 IMAGE_MIN_NVIDIA_DRIVER = 580

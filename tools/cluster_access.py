@@ -7,13 +7,16 @@ The parsing functions are pure and tested on recorded samples.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,11 @@ XFER_SUM = "vllm:nixl_xfer_time_seconds_sum"
 FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers"
 # Prompt tokens an engine has processed: grows on prefill when it serves a request.
 PROMPT_TOKENS = "vllm:prompt_tokens"
+# The engine's own latency histograms (vLLM 0.26 names; Ray exports them as ray_vllm_*).
+# A client behind Ray Serve LLM sees tokens in batches (stream_batching_interval_ms), so its
+# gaps between tokens are mostly zero; these are the engine's gaps, before any batching.
+ENGINE_ITL = "vllm:inter_token_latency_seconds"
+ENGINE_TPOT = "vllm:request_time_per_output_token_seconds"
 
 # What kubectl says when it has no cluster to talk to (no kubeconfig, a wrong
 # context, the endpoint out of reach, expired credentials).
@@ -133,6 +141,65 @@ class NixlSnapshot:
         )
 
 
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram summed over its label sets: cumulative counts per upper bound."""
+
+    buckets: tuple[tuple[float, float], ...]  # (le, cumulative count), ascending, +Inf last
+    total: float
+    count: float
+
+    def minus(self, before: Histogram | None) -> Histogram:
+        """The observations made between two scrapes (a missing earlier scrape counts as empty)."""
+        if before is None:
+            return self
+        earlier = dict(before.buckets)
+        return Histogram(
+            tuple((le, n - earlier.get(le, 0.0)) for le, n in self.buckets),
+            self.total - before.total,
+            self.count - before.count,
+        )
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count > 0 else None
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus's histogram_quantile: linear within the bucket holding rank q * count."""
+        if self.count <= 0:
+            return None
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for le, cumulative in self.buckets:
+            if cumulative >= rank:
+                if le == float("inf"):
+                    return lower  # above the highest finite bound: that bound is all we know
+                inside = cumulative - below
+                return lower + (le - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+            lower, below = le, cumulative
+        return lower
+
+
+def histogram(text: str, name: str) -> Histogram | None:
+    """One histogram (vLLM's or Ray's name for it) summed over label sets; None if absent."""
+    bases = _metric_names(name) - {f"{n}_total" for n in _metric_names(name)}
+    buckets: dict[float, float] = {}
+    total = count = 0.0
+    found = False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for base in bases:
+                if sample.name == f"{base}_bucket":
+                    le = float(sample.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + sample.value
+                    found = True
+                elif sample.name == f"{base}_sum":
+                    total += sample.value
+                elif sample.name == f"{base}_count":
+                    count += sample.value
+    return Histogram(tuple(sorted(buckets.items())), total, count) if found else None
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -163,8 +230,58 @@ def port_forward(settings: Settings, service: str, remote_port: int) -> Iterator
         proc.wait(timeout=10)
 
 
-def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 300) -> Any:
+def _request(url: str, body: dict[str, Any] | None, api_key: str | None) -> urllib.request.Request:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})  # noqa: S310
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - a local port-forward
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return urllib.request.Request(url, data=data, headers=headers)  # noqa: S310 - a local port-forward
+
+
+def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 300, api_key: str | None = None) -> Any:
+    with urllib.request.urlopen(_request(url, body, api_key), timeout=timeout) as response:  # noqa: S310
         return json.loads(response.read())
+
+
+def http_status(url: str, body: dict[str, Any] | None = None, timeout: float = 60, api_key: str | None = None) -> int:
+    """The HTTP status of one request (an error status is an answer here, not an exception)."""
+    try:
+        with urllib.request.urlopen(_request(url, body, api_key), timeout=timeout) as response:  # noqa: S310
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+# --- The endpoint's API key (setting endpoint_api_keys_secret_name) ----------------------------------
+def first_key(keys_json: str) -> str:
+    """The first key of the Secret's keys.json ({"<key id>": "<key>", ...}); the error never shows a key."""
+    try:
+        keys = json.loads(keys_json)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"{serve_config.API_KEYS_FILE_KEY} is not JSON") from None
+    values = [v for v in keys.values() if isinstance(v, str) and v] if isinstance(keys, dict) else []
+    if not values:
+        raise RuntimeError(f'{serve_config.API_KEYS_FILE_KEY} holds no key (expected {{"<key id>": "<key>", ...}})')
+    return values[0]
+
+
+def endpoint_key(settings: Settings, env: Mapping[str, str] | None = None) -> str | None:
+    """The key to send as `Authorization: Bearer`, or None when the endpoint takes none.
+
+    OPENAI_API_KEY if set; else the first key of the Kubernetes Secret the endpoint reads
+    (serve_config.API_KEYS_SECRET in the serving namespace), through the caller's own RBAC.
+    """
+    if not getattr(settings, "endpoint_api_keys_secret_name", None):
+        return None
+    given = (os.environ if env is None else env).get("OPENAI_API_KEY")
+    if given:
+        return given
+    field = serve_config.API_KEYS_FILE_KEY.replace(".", "\\.")
+    encoded = kubectl(
+        "get", "secret", "-n", settings.serving_namespace, serve_config.API_KEYS_SECRET,
+        "-o", f"jsonpath={{.data.{field}}}",
+    )  # fmt: skip
+    if not encoded.strip():
+        secret = f"{settings.serving_namespace}/{serve_config.API_KEYS_SECRET}"
+        raise RuntimeError(f"secret {secret} has no {serve_config.API_KEYS_FILE_KEY}")
+    return first_key(base64.b64decode(encoded.strip()).decode())

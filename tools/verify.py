@@ -13,29 +13,40 @@ Checks, each a row of the table it prints (exit 1 on any failure):
 5. after that request (Ray exports metrics every 10 s, so decode's counters are
    polled for up to 30 s): decode's vllm:nixl_xfer_time_seconds_count has grown,
    vllm:nixl_num_failed_transfers is 0, and prefill's vllm:prompt_tokens grew
-   (prefill really served the request).
+   (prefill really served the request). The baselines are taken only once the
+   counters have held still for longer than Ray's export interval: decode's
+   pre-warm request, exported late, must not count as this request's transfer;
+6. in one worker pod, the image: ray, vllm and nixl at the pinned versions, NIXL's
+   LIBFABRIC plugin finding every shared library it needs, boto3 with an s3:// source;
+7. with endpoint_api_keys_secret_name set: a request without a key gets 401; the
+   requests above carry one (OPENAI_API_KEY, else the endpoint's own Secret).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, serve_service_name
 from settings import Settings, settings_from_cli
-from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
+from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER, IMAGE_NIXL_VERSION, IMAGE_RAY_VERSION, IMAGE_VLLM_VERSION
+from tools import image_probe
 from tools.cluster_access import (
     FAILED_TRANSFERS,
     PROMPT_TOKENS,
     XFER_COUNT,
     ClusterUnreachableError,
     NixlSnapshot,
+    endpoint_key,
     http_json,
+    http_status,
     kubectl,
     kubectl_json,
     metric_total,
@@ -62,6 +73,11 @@ T = TypeVar("T")
 DEFAULT_PROVIDER = "efa"
 # How long Ray takes to export a counter (metrics_report_interval_ms, 10 s), with margin.
 METRICS_WAIT_SECONDS = 30.0
+# Ray's metrics_report_interval_ms: a reading unchanged for longer than this includes
+# everything that happened before it was first taken.
+EXPORT_INTERVAL_SECONDS = 10.0
+# What the image must hold (settings/catalog.py; requirements-serve.lock pins the same).
+IMAGE_PINS = {"ray": IMAGE_RAY_VERSION, "vllm": IMAGE_VLLM_VERSION, "nixl": IMAGE_NIXL_VERSION}
 
 
 @dataclass(frozen=True)
@@ -141,15 +157,43 @@ def poll(
     *,
     timeout: float = METRICS_WAIT_SECONDS,
     interval: float = 2.0,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
 ) -> T:
     """Read until done(reading) or the timeout passes (Ray exports metrics every 10 s); the last reading."""
+    pause = sleep or time.sleep
     waited = 0.0
     value = read()
     while not done(value) and waited < timeout:
-        sleep(interval)
+        pause(interval)
         waited += interval
         value = read()
+    return value
+
+
+def settled(
+    read: Callable[[], T],
+    *,
+    quiet: float = EXPORT_INTERVAL_SECONDS + 2.0,
+    timeout: float = 90.0,
+    interval: float = 2.0,
+    sleep: Callable[[float], None] | None = None,
+) -> T:
+    """A baseline: read until the value has held still for longer than Ray's export interval.
+
+    A counter read once right after a deploy may not yet include decode's pre-warm (its
+    transfer and prefill's prompt tokens), which Ray exports up to 10 s later; that late
+    export would then pass for the growth a check request causes. Gives up after timeout
+    (steady traffic) with the last reading.
+    """
+    pause = sleep or time.sleep
+    value = read()
+    still = waited = 0.0
+    while still < quiet and waited < timeout:
+        pause(interval)
+        waited += interval
+        latest = read()
+        still = still + interval if latest == value else 0.0
+        value = latest
     return value
 
 
@@ -159,7 +203,7 @@ def poll_until_grown(
     *,
     timeout: float = METRICS_WAIT_SECONDS,
     interval: float = 2.0,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
 ) -> NixlSnapshot:
     """Read decode's counters until the transfer count grows or the timeout passes; the last reading."""
     return poll(read, lambda after: after.transfers > before.transfers, timeout=timeout, interval=interval, sleep=sleep)
@@ -234,6 +278,48 @@ def served_check(before: float | None, after: float | None) -> Check:
     return Check("a replica served the request", ok, f"workers' vllm:prompt_tokens {before} -> {after}")
 
 
+def image_probe_command(namespace: str, pod: str, *, s3: bool) -> list[str]:
+    """kubectl arguments running tools/image_probe.py in a pod, with the image's own python."""
+    source = Path(image_probe.__file__).read_text()
+    run = 'exec "$(command -v python3 || command -v python)" -c "$0" "$@"'
+    return ["exec", "-n", namespace, pod, "--", "sh", "-c", run, source, *(["--s3"] if s3 else [])]
+
+
+def image_checks(output: str, *, pod: str, s3: bool, pins: Mapping[str, str] = IMAGE_PINS) -> list[Check]:
+    """The probe's findings judged: one FAIL row per missing piece, naming it; one PASS row if none."""
+    try:
+        found = json.loads(output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return [Check("image probe", False, f"{pod}: no answer from the probe ({output.strip()[:200]!r})")]
+    failed = []
+    versions = found.get("versions") or {}
+    for name, pin in pins.items():
+        if versions.get(name) != pin:
+            have = versions.get(name) or "not installed"
+            failed.append(Check(f"image: {name} {pin}", False, f"{pod}: {name} {have}, pinned {pin}"))
+    if not found.get("plugin"):
+        where = found.get("plugin_expected_at") or "no nixl_cu<N> package"
+        failed.append(Check("image: NIXL LIBFABRIC plugin", False, f"{pod}: {image_probe.PLUGIN} missing ({where})"))
+    for library in found.get("ldd_not_found") or []:
+        failed.append(
+            Check(f"image: {library}", False, f"{pod}: {image_probe.PLUGIN} needs {library}: ldd says not found")
+        )
+    if s3 and found.get("boto3") != "ok":
+        failed.append(Check("image: boto3", False, f"{pod}: boto3 does not import ({found.get('boto3')})"))
+    if failed:
+        return failed
+    have = ", ".join(f"{name} {versions[name]}" for name in pins)
+    extra = ", boto3" if s3 else ""
+    return [Check("image: pins, LIBFABRIC plugin libraries", True, f"{pod}: {have}, plugin resolves{extra}")]
+
+
+def auth_check(base: str, model_id: str, status: Callable[..., int] | None = None) -> Check:
+    """With keys on: a chat completion without a key is refused with 401 (the key itself is never shown)."""
+    body = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    code = (status or http_status)(f"{base}/v1/chat/completions", body)
+    return Check("a request without a key is refused", code == 401, f"HTTP {code} (expected 401)")
+
+
 def guard(name: str, fn: Callable[[], Check]) -> Check:
     try:
         return fn()
@@ -241,8 +327,18 @@ def guard(name: str, fn: Callable[[], Check]) -> Check:
         return Check(name, False, f"{type(err).__name__}: {err}")
 
 
-def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) -> list[Check]:
+def run_checks(
+    settings: Settings,
+    expected_provider: str = DEFAULT_PROVIDER,
+    *,
+    api_key: str | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> list[Check]:
+    """Every check against the deployed stack; api_key: sent on the endpoint's requests when keys are on
+    (None: endpoint_key(settings), i.e. OPENAI_API_KEY, else the endpoint's Secret)."""
     ns = settings.serving_namespace
+    keys_on = bool(getattr(settings, "endpoint_api_keys_secret_name", None))
+    key = (api_key or endpoint_key(settings)) if keys_on else None
     groups = worker_pods(settings)
     node_names = {p["spec"].get("nodeName") for pods in groups.values() for p in pods if p["spec"].get("nodeName")}
     nodes = {name: kubectl_json("get", "node", name) for name in node_names}
@@ -281,13 +377,23 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
 
     checks.append(guard(f"NVIDIA driver >= {IMAGE_MIN_NVIDIA_DRIVER}", drivers))
 
+    first = next((pod["metadata"]["name"] for _, pods in sorted(groups.items()) for pod in pods), None)
+    s3 = (settings.model_source or "").startswith("s3://")
+    if first is None:
+        checks.append(Check("image probe", False, "no worker pod to probe"))
+    else:
+        try:
+            checks += image_checks(kubectl(*image_probe_command(ns, first, s3=s3)), pod=first, s3=s3)
+        except Exception as err:  # a failed exec is a finding, not a crash
+            checks.append(Check("image probe", False, f"{first}: {type(err).__name__}: {err}"))
+
     decode = groups.get(DECODE, [])
     decode_pod = decode[0]["metadata"]["name"] if decode else ""
     prefill = groups.get(PREFILL, [])
     prefill_pod = prefill[0]["metadata"]["name"] if prefill else ""
 
     def decode_counters() -> NixlSnapshot:
-        return NixlSnapshot.of(metrics_text(ns, decode_pod)) if decode_pod else NixlSnapshot(0, 0, 0)
+        return NixlSnapshot.of(metrics_text(ns, decode_pod)) if decode_pod else NixlSnapshot(0.0, 0.0, 0.0)
 
     def prefill_tokens() -> float | None:
         return metric_total(metrics_text(ns, prefill_pod), PROMPT_TOKENS) if prefill_pod else None
@@ -299,17 +405,21 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
         present = [t for t in totals if t is not None]
         return sum(present) if present else None
 
-    before = decode_counters()
-    prefill_before = workers_prompt_tokens() if aggregated else prefill_tokens()
+    # Baselines only once Ray's export has caught up (decode's pre-warm went through prefill).
+    if aggregated:
+        before, prefill_before = NixlSnapshot(0.0, 0.0, 0.0), settled(workers_prompt_tokens, sleep=sleep)
+    else:
+        before, prefill_before = settled(lambda: (decode_counters(), prefill_tokens()), sleep=sleep)
     with port_forward(settings, serve_service_name(settings), SERVE_PORT) as base:
         models = guard(
             "GET /v1/models",
-            lambda: models_check(http_json(f"{base}/v1/models"), settings.model_id),
+            lambda: models_check(http_json(f"{base}/v1/models", api_key=key), settings.model_id),
         )
-        chat = guard("POST /v1/chat/completions", lambda: chat_check(base, settings.model_id))
-    checks += [models, chat]
+        chat = guard("POST /v1/chat/completions", lambda: chat_check(base, settings.model_id, api_key=key))
+        refused = [guard("a request without a key is refused", lambda: auth_check(base, settings.model_id))]
+    checks += [models, chat, *(refused if keys_on else [])]
     if aggregated:
-        checks.append(served_check(prefill_before, poll(workers_prompt_tokens, grew(prefill_before))))
+        checks.append(served_check(prefill_before, poll(workers_prompt_tokens, grew(prefill_before), sleep=sleep)))
 
         def quiet() -> Check:
             metrics = {pod: metrics_text(ns, pod) for pod in all_pods}
@@ -318,9 +428,9 @@ def run_checks(settings: Settings, expected_provider: str = DEFAULT_PROVIDER) ->
 
         checks.append(guard("no NIXL activity (aggregated)", quiet))
         return checks
-    after = poll_until_grown(decode_counters, before)
+    after = poll_until_grown(decode_counters, before, sleep=sleep)
     checks.append(metrics_check(before, after))
-    checks.append(prefill_check(prefill_before, poll(prefill_tokens, grew(prefill_before))))
+    checks.append(prefill_check(prefill_before, poll(prefill_tokens, grew(prefill_before), sleep=sleep)))
     return checks
 
 
@@ -329,11 +439,12 @@ def models_check(body: dict[str, Any], model_id: str) -> Check:
     return Check("GET /v1/models", model_id in ids, f"models: {ids}")
 
 
-def chat_check(base: str, model_id: str) -> Check:
+def chat_check(base: str, model_id: str, api_key: str | None = None) -> Check:
     prompt = "Explain in two sentences why prefill and decode are split across GPUs. " * 8
     body = http_json(
         f"{base}/v1/chat/completions",
         {"model": model_id, "messages": [{"role": "user", "content": prompt}], "max_tokens": 32},
+        api_key=api_key,
     )
     text = body["choices"][0]["message"]["content"]
     return Check("POST /v1/chat/completions", bool(text), f"{len(text)} characters back")
