@@ -336,11 +336,44 @@ def test_decode_prewarms_through_prefill_and_prefill_does_not(rayservice: dict[s
 
 @serve
 def test_llm_config_accepts_the_prewarm_setting(rayservice: dict[str, Any]) -> None:
+    """The key decode emits is the literal Ray's decode server reads, and it opens Ray's own gate.
+
+    LLMConfig accepts any experimental key, so validation alone passes a misspelling.
+    """
     require_serve_deps()
+    import ast
+    import asyncio
+    import inspect
+    import textwrap
+    from types import SimpleNamespace
+
+    from ray.llm._internal.serve.serving_patterns.prefill_decode import pd_server
     from ray.serve.llm import LLMConfig
 
+    gate = pd_server.PDDecodeServer._maybe_prewarm
+    read = {
+        node.args[0].value
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(gate))))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "experimental_configs"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    }
+    assert len(read) == 1, read
     config = LLMConfig.model_validate(copy.deepcopy(_args(rayservice)["decode_config"]))
-    assert config.experimental_configs.get("_prewarm_prefill_decode") is True
+    assert set(config.experimental_configs) == read
+
+    class PastTheGateError(Exception):
+        pass
+
+    def backend() -> None:
+        raise PastTheGateError
+
+    with pytest.raises(PastTheGateError):
+        asyncio.run(gate(SimpleNamespace(_llm_config=config, _get_connector_backend=backend)))
 
 
 # --- serving_mode aggregated: the baseline on the same GPUs ---------------------------------
