@@ -58,6 +58,11 @@ def warnings(settings: Settings) -> list[str]:
             "warning: the EKS API endpoint is public to 0.0.0.0/0 (authenticated); "
             "set public_access_cidrs to your office or VPN ranges, or endpoint_access=private"
         )
+    if settings.internal_endpoint_cidrs and settings.endpoint_api_keys_secret_name is None:
+        found.append(
+            "warning: the internal NLB admits anyone in internal_endpoint_cidrs to the model with no key; "
+            "set endpoint_api_keys_secret_name to require API keys"
+        )
     return found
 
 

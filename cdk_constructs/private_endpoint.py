@@ -22,28 +22,48 @@ POLICY_FILE = (
 )
 
 
+TLS_PORT = 443
+# TLS 1.3 and 1.2 with forward-secret ciphers only: ELB's recommended policy for NLB TLS listeners.
+TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+
+
 def internal_nlb_service(
-    *, name: str, namespace: str, selector: Mapping[str, str], port: int, source_cidrs: Sequence[str]
+    *,
+    name: str,
+    namespace: str,
+    selector: Mapping[str, str],
+    port: int,
+    source_cidrs: Sequence[str],
+    tls_certificate_arn: str | None = None,
 ) -> dict[str, Any]:
-    """A LoadBalancer Service the AWS Load Balancer Controller turns into an internal NLB."""
+    """A LoadBalancer Service the AWS Load Balancer Controller turns into an internal NLB.
+
+    With a certificate, its one listener is TLS on 443 (the NLB terminates TLS
+    and forwards plain TCP to the pods' serve port); without, plain TCP on the port.
+    """
+    annotations = {
+        "service.beta.kubernetes.io/aws-load-balancer-type": "external",
+        "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+        "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+    }
+    listener = {"name": "serve", "port": port, "targetPort": port, "protocol": "TCP"}
+    if tls_certificate_arn is not None:
+        annotations |= {
+            "service.beta.kubernetes.io/aws-load-balancer-ssl-cert": tls_certificate_arn,
+            "service.beta.kubernetes.io/aws-load-balancer-ssl-ports": str(TLS_PORT),
+            "service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy": TLS_POLICY,
+        }
+        listener = {"name": "serve-tls", "port": TLS_PORT, "targetPort": port, "protocol": "TCP"}
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": {
-                "service.beta.kubernetes.io/aws-load-balancer-type": "external",
-                "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
-                "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
-            },
-        },
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
         "spec": {
             "type": "LoadBalancer",
             "loadBalancerClass": "service.k8s.aws/nlb",
             "loadBalancerSourceRanges": list(source_cidrs),
             "selector": dict(selector),
-            "ports": [{"name": "serve", "port": port, "targetPort": port, "protocol": "TCP"}],
+            "ports": [listener],
         },
     }
 
@@ -59,6 +79,8 @@ class PrivateEndpoint(Construct):
             which pods cannot reach at hop limit 1).
         namespace / service_name / selector / port: the Service to create.
         source_cidrs: who may connect.
+        tls_certificate_arn: an ACM certificate: the NLB listens with TLS on 443
+            instead of plain TCP on the port. Default None (plain TCP).
         system_node_labels: where the controller runs.
 
     Attributes:
@@ -77,6 +99,7 @@ class PrivateEndpoint(Construct):
         selector: Mapping[str, str],
         port: int,
         source_cidrs: Sequence[str],
+        tls_certificate_arn: str | None = None,
         system_node_labels: Mapping[str, str],
     ) -> None:
         super().__init__(scope, construct_id)
@@ -106,7 +129,12 @@ class PrivateEndpoint(Construct):
             cluster=as_icluster(cluster),
             manifest=[
                 internal_nlb_service(
-                    name=service_name, namespace=namespace, selector=selector, port=port, source_cidrs=source_cidrs
+                    name=service_name,
+                    namespace=namespace,
+                    selector=selector,
+                    port=port,
+                    source_cidrs=source_cidrs,
+                    tls_certificate_arn=tls_certificate_arn,
                 )
             ],
         )

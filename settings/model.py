@@ -94,6 +94,16 @@ class Settings:
     hf_token_kms_key_arn: str | None = None
     # An internal NLB for the endpoint, reachable only from these CIDRs; empty: none.
     internal_endpoint_cidrs: tuple[str, ...] = ()
+    # The endpoint's API keys: a Secrets Manager secret holding a JSON object of
+    # key id to key. Set, every OpenAI route needs `Authorization: Bearer <key>`.
+    endpoint_api_keys_secret_name: str | None = None
+    # How often External Secrets re-reads that secret: the largest term of the
+    # delay before a rotated key is accepted and a revoked one refused.
+    endpoint_api_keys_refresh_seconds: int = 60
+    # Requests per minute for each key, counted per ingress replica; 0: no limit.
+    endpoint_rate_limit_rpm: int = 0
+    # An ACM certificate for a TLS listener on 443 on the internal NLB (which then has no plain listener).
+    endpoint_tls_certificate_arn: str | None = None
 
     def __post_init__(self) -> None:
         # The S3 console copies a folder's URI with a trailing slash; the one form every
@@ -158,6 +168,7 @@ _HF_REPO = re.compile(r"^[\w.\-]+/[\w.\-]+$")
 _S3_SOURCE = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]/[\w.\-/]*[\w.\-]$")
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/([0-9a-f-]{36}|mrk-[0-9a-f]{32})$")
 _SECRET_NAME = re.compile(r"^[\w/+=.@-]{1,512}$")
+_ACM_CERTIFICATE_ARN = re.compile(r"^arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[0-9a-f-]{36}$")
 _IMAGE = re.compile(r"^[\w.\-]+(:\d+)?(/[\w.\-]+)+(:[\w.\-]+|@sha256:[0-9a-f]{64})$")
 
 
@@ -391,4 +402,53 @@ def validate(s: Settings) -> Settings:
             cidr,
             "IPv4 networks narrower than 0.0.0.0/0, e.g. 10.0.0.0/8",
         )
+    _validate_endpoint_keys(s)
     return s
+
+
+def _validate_endpoint_keys(s: Settings) -> None:
+    """Who may call the endpoint: its API keys, their rate limit, and TLS on the NLB."""
+    if s.endpoint_api_keys_secret_name is not None:
+        _require(
+            bool(_SECRET_NAME.match(s.endpoint_api_keys_secret_name)),
+            "endpoint_api_keys_secret_name",
+            s.endpoint_api_keys_secret_name,
+            "a Secrets Manager secret name (the name, never a key)",
+        )
+        _require(
+            s.endpoint_api_keys_secret_name != s.hf_token_secret_name,
+            "endpoint_api_keys_secret_name",
+            s.endpoint_api_keys_secret_name,
+            "another secret than hf_token_secret_name (the keys are a JSON object of key id to key)",
+        )
+    _require(
+        15 <= s.endpoint_api_keys_refresh_seconds <= 86400,
+        "endpoint_api_keys_refresh_seconds",
+        s.endpoint_api_keys_refresh_seconds,
+        "15 to 86400 seconds (how often External Secrets re-reads the keys)",
+    )
+    _require(
+        0 <= s.endpoint_rate_limit_rpm <= 1_000_000,
+        "endpoint_rate_limit_rpm",
+        s.endpoint_rate_limit_rpm,
+        "0 (no limit) to 1000000 requests per minute per key",
+    )
+    _require(
+        s.endpoint_rate_limit_rpm == 0 or s.endpoint_api_keys_secret_name is not None,
+        "endpoint_rate_limit_rpm",
+        s.endpoint_rate_limit_rpm,
+        "0 unless endpoint_api_keys_secret_name is set (the limit is counted per key)",
+    )
+    if s.endpoint_tls_certificate_arn is not None:
+        _require(
+            bool(_ACM_CERTIFICATE_ARN.match(s.endpoint_tls_certificate_arn)),
+            "endpoint_tls_certificate_arn",
+            s.endpoint_tls_certificate_arn,
+            "an ACM certificate ARN, arn:aws:acm:<region>:<account>:certificate/<id>",
+        )
+        _require(
+            bool(s.internal_endpoint_cidrs),
+            "endpoint_tls_certificate_arn",
+            s.endpoint_tls_certificate_arn,
+            "set only with internal_endpoint_cidrs (the certificate goes on the internal NLB's listener)",
+        )

@@ -13,11 +13,12 @@ from cdk_constructs.cluster import EksCluster
 from cdk_constructs.gpu_nodes import EfaGpuNodes, gpu_toleration
 from cdk_constructs.llm_service import LlmService
 from cdk_constructs.log_encryption import LogEncryptionKey
-from cdk_constructs.model_token import ModelTokenSync
 from cdk_constructs.model_weights import ModelReadAccess
 from cdk_constructs.network import Network
 from cdk_constructs.network_policies import ServingNetworkPolicies, serving_network_policies
 from cdk_constructs.private_endpoint import PrivateEndpoint
+from cdk_constructs.ray_pods_code import RayPodsCode
+from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
 from cdk_constructs.system_nodes import SystemNodes
 from settings import Settings
 from settings.catalog import KUBERAY_OPERATOR
@@ -140,23 +141,28 @@ class PdInferenceStack(Stack):
             weights.service_account_manifest.node.add_dependency(service.namespace_manifest)
             # The whole construct: pods admitted before the association exists never get credentials.
             service.rayservice_manifest.node.add_dependency(weights)
-        token_releases: list[Construct] = []
-        if settings.hf_token_secret_name is not None:
-            token = ModelTokenSync(
+        synced = synced_secrets(settings)
+        secrets_releases: list[Construct] = []
+        if synced:
+            # Construct id kept from when it synced only the model token: another id
+            # would replace the operator's Helm release, which a fixed release name forbids.
+            secrets_sync = SecretsSync(
                 self,
                 "ModelToken",
                 cluster=cluster,
-                secret_name=settings.hf_token_secret_name,
-                kms_key_arn=settings.hf_token_kms_key_arn,
                 namespace=settings.serving_namespace,
-                target_secret=serve_config.HF_TOKEN_SECRET,
-                target_key=serve_config.HF_TOKEN_SECRET_KEY,
+                secrets=synced,
                 system_node_labels=system_nodes.labels,
             )
-            token.release.node.add_dependency(*nodegroups)
-            token_releases.append(token.release)
-            token.secret_store.node.add_dependency(service.namespace_manifest)
-            service.rayservice_manifest.node.add_dependency(token.external_secret)
+            secrets_sync.release.node.add_dependency(*nodegroups)
+            secrets_releases.append(secrets_sync.release)
+            secrets_sync.secret_store.node.add_dependency(service.namespace_manifest)
+            service.rayservice_manifest.node.add_dependency(*secrets_sync.external_secrets)
+        if settings.endpoint_api_keys_secret_name is not None:
+            configmap = serve_config.ray_pods_configmap(settings)
+            code = RayPodsCode(self, "RayPodsCode", cluster=cluster, configmap=configmap)
+            code.manifest.node.add_dependency(service.namespace_manifest)
+            service.rayservice_manifest.node.add_dependency(code.manifest)
         if settings.internal_endpoint_cidrs:
             endpoint = PrivateEndpoint(
                 self,
@@ -168,13 +174,14 @@ class PdInferenceStack(Stack):
                 selector=serve_config.serve_selector(settings),
                 port=serve_config.SERVE_PORT,
                 source_cidrs=settings.internal_endpoint_cidrs,
+                tls_certificate_arn=settings.endpoint_tls_certificate_arn,
                 system_node_labels=system_nodes.labels,
             )
             endpoint.release.node.add_dependency(*nodegroups)
             endpoint.service.node.add_dependency(service.namespace_manifest)
             # The controller's webhooks are registered by its release: whatever
             # creates Services (the charts, KubeRay for the RayService) comes after.
-            for later in (*addons.releases, service.rayservice_manifest, *token_releases):
+            for later in (*addons.releases, service.rayservice_manifest, *secrets_releases):
                 later.node.add_dependency(endpoint.release)
             CfnOutput(
                 self,
@@ -224,13 +231,44 @@ class PdInferenceStack(Stack):
             value=f"kubectl -n {settings.serving_namespace} port-forward svc/{svc} {port}:{port}",
             description="Reach the OpenAI-compatible endpoint on localhost",
         )
+        keyed = settings.endpoint_api_keys_secret_name is not None
         CfnOutput(
             self,
             "ChatCompletionExample",
             value=(
                 f"curl -s http://localhost:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+                + ('-H "Authorization: Bearer $OPENAI_API_KEY" ' if keyed else "")
+                +
                 f'-d \'{{"model": "{settings.model_id}", "messages": [{{"role": "user", '
                 f'"content": "Hello"}}], "max_tokens": 64}}\''
             ),
-            description="One chat completion through the port-forward",
+            description="One chat completion through the port-forward"
+            + (f" (OPENAI_API_KEY: a key from the secret {settings.endpoint_api_keys_secret_name})" if keyed else ""),
         )
+
+
+def synced_secrets(settings: Settings) -> list[SyncedSecret]:
+    """The Secrets Manager secrets the settings name, as External Secrets syncs them into the serving namespace."""
+    synced = []
+    if settings.hf_token_secret_name is not None:
+        synced.append(
+            SyncedSecret(
+                construct_id="ExternalSecret",
+                secret_name=settings.hf_token_secret_name,
+                target_secret=serve_config.HF_TOKEN_SECRET,
+                target_key=serve_config.HF_TOKEN_SECRET_KEY,
+                refresh_seconds=3600,
+                kms_key_arn=settings.hf_token_kms_key_arn,
+            )
+        )
+    if settings.endpoint_api_keys_secret_name is not None:
+        synced.append(
+            SyncedSecret(
+                construct_id="ApiKeysExternalSecret",
+                secret_name=settings.endpoint_api_keys_secret_name,
+                target_secret=serve_config.API_KEYS_SECRET,
+                target_key=serve_config.API_KEYS_FILE_KEY,
+                refresh_seconds=settings.endpoint_api_keys_refresh_seconds,
+            )
+        )
+    return synced

@@ -1,0 +1,251 @@
+"""Ray Serve LLM's OpenAI ingress with API keys: every route refuses a caller without a valid key.
+
+Named in serveConfigV2 as ``ingress_cls_config.ingress_cls`` (Ray 2.58
+``IngressClsConfig``); Ray's builder turns it into the FastAPI ingress with
+``make_fastapi_ingress``, which routes the nine methods named in
+``DEFAULT_ENDPOINTS`` to ``getattr(cls, name)``. Each is overridden here to check
+the ``Authorization: Bearer <key>`` header first and then call Ray's own method,
+so the check runs before a stream starts and no route is left open. Serve's proxy
+answers its health paths (``/-/healthz``, ``/-/routes``) itself, before the
+ingress: Kubernetes and KubeRay keep reaching them without a key. FastAPI's
+``/docs`` and ``/openapi.json`` stay open; they describe the API, not the model.
+
+The keys are a JSON object ``{"<key id>": "<key>", ...}`` in a file the pod mounts
+from a Kubernetes Secret; the file is re-read whenever it changes (the kubelet
+swaps a Secret volume's files atomically), so a rotation needs no restart. Keys
+are compared in constant time and never logged: each request's log line names
+the key id, or for a refused key the first 8 hex digits of its SHA-256.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads these signatures at run time.
+import collections
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Form, Request
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    ModelCard,
+    ModelList,
+    ScoreRequest,
+    TokenizeCompletionRequest,
+    TranscriptionRequest,
+)
+from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
+from starlette.responses import JSONResponse, Response
+
+# Serve writes this logger to the replica's own log file.
+logger = logging.getLogger("ray.serve")
+
+MIN_KEY_LENGTH = 16
+WINDOW_S = 60.0
+
+
+def _error(status: int, message: str, error_type: str, code: str, headers: dict[str, str] | None = None) -> Response:
+    """An error in OpenAI's own shape, which every OpenAI client parses."""
+    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    return JSONResponse(status_code=status, content=body, headers=headers)
+
+
+def fingerprint(presented: str) -> str:
+    """What a log may say about a key that was refused: enough to match a report, useless to a reader."""
+    return "sha256:" + hashlib.sha256(presented.encode()).hexdigest()[:8]
+
+
+def bearer_key(request: Request) -> str | None:
+    """The key in ``Authorization: Bearer <key>`` (the header every OpenAI client sends), else None."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    key = key.strip()
+    return key if scheme.lower() == "bearer" and key else None
+
+
+class KeyFile:
+    """The API keys in one JSON file, re-read when the file changes.
+
+    A file that cannot be read, or holds no usable key, admits nobody until it
+    is fixed (fail closed); the replica refuses to start on one.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._keys: dict[str, bytes] = {}
+        self.refresh()
+        if not self._keys:
+            raise ValueError(f"no usable API key in {path}: a JSON object of key id to key, keys of 16+ characters")
+
+    def refresh(self) -> None:
+        """Reload the keys if the file changed since the last read."""
+        try:
+            info = os.stat(self.path)
+        except OSError as err:
+            self._replace(None, {}, f"API keys file unreadable: {err.strerror}")
+            return
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+        if stamp == self._stamp:
+            return
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                loaded = json.load(handle)
+        except (OSError, ValueError) as err:
+            self._replace(stamp, {}, f"API keys file unreadable: {type(err).__name__}")
+            return
+        if not isinstance(loaded, dict):
+            self._replace(stamp, {}, "API keys file is not a JSON object of key id to key")
+            return
+        keys = {}
+        for key_id, key in loaded.items():
+            if isinstance(key, str) and len(key) >= MIN_KEY_LENGTH:
+                keys[str(key_id)] = key.encode()
+            else:
+                logger.error("API key %r ignored: not a string of %d+ characters", str(key_id), MIN_KEY_LENGTH)
+        self._replace(stamp, keys, None)
+
+    def _replace(self, stamp: tuple[int, int, int] | None, keys: dict[str, bytes], problem: str | None) -> None:
+        with self._lock:
+            changed = stamp != self._stamp or (problem is not None and bool(self._keys))
+            self._stamp, self._keys = stamp, keys
+        if changed:
+            if problem:
+                logger.error("%s (%s): every request is refused until it is fixed", problem, self.path)
+            else:
+                logger.info("API keys loaded from %s: ids %s", self.path, sorted(keys))
+
+    @property
+    def usable(self) -> bool:
+        return bool(self._keys)
+
+    def identify(self, presented: str) -> str | None:
+        """The id of the key presented, or None. Every key is compared, each in constant time."""
+        candidate = presented.encode()
+        found = None
+        with self._lock:
+            keys = list(self._keys.items())
+        for key_id, key in keys:
+            if hmac.compare_digest(candidate, key):
+                found = key_id
+        return found
+
+
+class RateLimit:
+    """At most ``per_minute`` requests per key in any 60 s, counted in this ingress replica."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self._clock = clock
+        self._seen: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self._lock = threading.Lock()
+
+    def retry_after(self, key_id: str) -> int:
+        """0 if the request may go now (and count it), else the whole seconds until it may."""
+        if self.per_minute <= 0:
+            return 0
+        now = self._clock()
+        with self._lock:
+            seen = self._seen[key_id]
+            while seen and now - seen[0] >= WINDOW_S:
+                seen.popleft()
+            if len(seen) < self.per_minute:
+                seen.append(now)
+                return 0
+            return max(1, math.ceil(WINDOW_S - (now - seen[0])))
+
+
+class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
+    """OpenAiIngress behind API keys (and an optional per-key rate limit).
+
+    Args (ingress_cls_config.ingress_extra_kwargs):
+        keys_file: the mounted JSON file of key id to key.
+        requests_per_minute: per key and per ingress replica; 0 (default) for no limit.
+        code_digest: the digest of this package as the stack shipped it; unused
+            here, it makes a code change a serve config change.
+    """
+
+    def __init__(
+        self,
+        llm_deployments: Any,
+        model_cards: Any,
+        *,
+        keys_file: str,
+        requests_per_minute: int = 0,
+        code_digest: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(llm_deployments, model_cards, **kwargs)
+        self._keys = KeyFile(keys_file)
+        self._limit = RateLimit(requests_per_minute)
+        limit = requests_per_minute or "no limit"
+        logger.info("API key check on (code %s, %s requests/min per key)", code_digest, limit)
+
+    def _refusal(self, request: Request) -> Response | None:
+        """None to admit the request; else the response that refuses it. Logs who called."""
+        self._keys.refresh()
+        where = f"{request.method} {request.url.path}"
+        if not self._keys.usable:
+            logger.warning("refused %s: no usable API keys", where)
+            return _error(503, "The server's API keys are unavailable.", "server_error", "keys_unavailable")
+        presented = bearer_key(request)
+        key_id = None if presented is None else self._keys.identify(presented)
+        if key_id is None:
+            why = "no key" if presented is None else f"unknown key {fingerprint(presented)}"
+            logger.info("refused %s: %s", where, why)
+            return _error(
+                401,
+                "Missing or invalid API key. Send it as 'Authorization: Bearer <key>'.",
+                "invalid_request_error",
+                "invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        wait = self._limit.retry_after(key_id)
+        if wait:
+            logger.info("rate-limited %s: key id %s", where, key_id)
+            return _error(
+                429,
+                f"Rate limit of {self._limit.per_minute} requests per minute reached for this key.",
+                "requests",
+                "rate_limit_exceeded",
+                headers={"Retry-After": str(wait)},
+            )
+        logger.info("admitted %s: key id %s", where, key_id)
+        return None
+
+    # The nine routes of Ray 2.58's DEFAULT_ENDPOINTS, each with the parameters
+    # FastAPI reads from Ray's own signature, plus the Request where Ray has none.
+    async def models(self, request: Request) -> ModelList | Response:
+        return self._refusal(request) or await super().models()
+
+    async def model_data(self, model: str, request: Request) -> ModelCard | Response:
+        return self._refusal(request) or await super().model_data(model)
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        return self._refusal(request) or await super().completions(body, request)
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        return self._refusal(request) or await super().chat(body, request)
+
+    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
+        return self._refusal(request) or await super().embeddings(body, request)
+
+    async def transcriptions(self, body: Annotated[TranscriptionRequest, Form()], request: Request) -> Response:
+        return self._refusal(request) or await super().transcriptions(body, request)
+
+    async def score(self, body: ScoreRequest, request: Request) -> Response:
+        return self._refusal(request) or await super().score(body, request)
+
+    async def tokenize(self, body: TokenizeCompletionRequest, request: Request) -> Response:
+        return self._refusal(request) or await super().tokenize(body, request)
+
+    async def detokenize(self, body: DetokenizeRequest, request: Request) -> Response:
+        return self._refusal(request) or await super().detokenize(body, request)

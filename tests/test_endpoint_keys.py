@@ -1,0 +1,498 @@
+"""API keys on the OpenAI endpoint: the settings, what the template carries, and the key check itself.
+
+The key check is tested through Ray 2.58's own FastAPI ingress (``init`` and
+``make_fastapi_ingress``, as the builder makes it), with only the model
+deployment's handle answered here; the rehearsal runs it with real engines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+import app as cdk_app
+import serve_config
+from settings import SettingsError, settings_from
+from tests.conftest import (
+    PROJECT_CONTEXT,
+    ROOT,
+    manifest_resource,
+    manifests,
+    pod_identity_policy,
+    rayservice_from,
+    require_serve_deps,
+    synth,
+)
+from tests.template_graph import depends_on
+from tools.review import render
+
+KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys"}
+NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
+CERT = "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555"
+serve = pytest.mark.serve
+one_ray = pytest.mark.xdist_group("ray")
+
+
+def _app_args(template: dict[str, Any]) -> dict[str, Any]:
+    args: dict[str, Any] = yaml.safe_load(rayservice_from(template)["spec"]["serveConfigV2"])["applications"][0]["args"]
+    return args
+
+
+def _pods(template: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = rayservice_from(template)["spec"]["rayClusterConfig"]
+    return [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+
+
+# --- Settings -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        ({"endpoint_api_keys_secret_name": "bad name!"}, "endpoint_api_keys_secret_name", "a Secrets Manager secret"),
+        (
+            {"endpoint_api_keys_secret_name": "prod/hf", "hf_token_secret_name": "prod/hf"},
+            "endpoint_api_keys_secret_name",
+            "another secret than hf_token_secret_name",
+        ),
+        ({"endpoint_api_keys_refresh_seconds": 14}, "endpoint_api_keys_refresh_seconds", "15 to 86400"),
+        ({"endpoint_api_keys_refresh_seconds": 86401}, "endpoint_api_keys_refresh_seconds", "15 to 86400"),
+        ({"endpoint_rate_limit_rpm": -1}, "endpoint_rate_limit_rpm", "0 (no limit) to 1000000"),
+        ({"endpoint_rate_limit_rpm": 60}, "endpoint_rate_limit_rpm", "unless endpoint_api_keys_secret_name is set"),
+        (
+            {**NLB, "endpoint_tls_certificate_arn": "arn:aws:acm:us-east-1:1:cert"},
+            "endpoint_tls_certificate_arn",
+            "ACM",
+        ),
+        ({"endpoint_tls_certificate_arn": CERT}, "endpoint_tls_certificate_arn", "only with internal_endpoint_cidrs"),
+    ],
+    ids=["name", "same-as-token", "refresh-low", "refresh-high", "rpm-negative", "rpm-without-keys", "arn", "no-nlb"],
+)
+def test_a_bad_key_setting_ends_synth_in_one_line(overrides: dict[str, Any], key: str, allowed: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        settings_from({**PROJECT_CONTEXT, **overrides})
+    assert raised.value.key == key
+    assert allowed in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_boundaries_of_the_refresh_interval_are_accepted() -> None:
+    for seconds in (15, 86400):
+        settings_from({**PROJECT_CONTEXT, **KEYS, "endpoint_api_keys_refresh_seconds": seconds})
+
+
+def test_an_nlb_without_keys_warns_in_one_line_and_port_forward_alone_does_not() -> None:
+    open_nlb = [w for w in cdk_app.warnings(settings_from({**PROJECT_CONTEXT, **NLB})) if "NLB" in w]
+    assert len(open_nlb) == 1 and "endpoint_api_keys_secret_name" in open_nlb[0] and "\n" not in open_nlb[0]
+    for quiet in ({**NLB, **KEYS}, {}):
+        assert not [w for w in cdk_app.warnings(settings_from({**PROJECT_CONTEXT, **quiet})) if "NLB" in w]
+
+
+# --- What the template carries ----------------------------------------------------------------
+def test_on_the_defaults_the_endpoint_is_rays_own_and_nothing_is_shipped(template: dict[str, Any]) -> None:
+    assert "ingress_cls_config" not in _app_args(template)
+    kinds = {m["kind"] for m in manifests(template)}
+    assert "ConfigMap" not in kinds and "ExternalSecret" not in kinds
+    for pod in _pods(template):
+        names = {e["name"] for e in pod["spec"]["containers"][0].get("env", [])}
+        assert "PYTHONPATH" not in names
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
+def test_the_serve_config_names_the_key_ingress_with_the_mounted_file(mode: str) -> None:
+    args = _app_args(synth(**KEYS, serving_mode=mode, endpoint_rate_limit_rpm=120))
+    assert args["ingress_cls_config"] == {
+        "ingress_cls": "ray_pods.api_keys:ApiKeyIngress",
+        "ingress_extra_kwargs": {
+            "keys_file": "/etc/pd-inference/api-keys/keys.json",
+            "requests_per_minute": 120,
+            "code_digest": serve_config.ray_pods_digest(),
+        },
+    }
+
+
+def test_external_secrets_syncs_the_keys_with_the_interval_setting() -> None:
+    template = synth(**KEYS, endpoint_api_keys_refresh_seconds=90)
+    (external,) = [m for m in manifests(template) if m["kind"] == "ExternalSecret"]
+    assert external["metadata"] == {**external["metadata"], "name": "endpoint-api-keys", "namespace": "llm"}
+    assert external["spec"]["refreshInterval"] == "90s"
+    assert external["spec"]["target"]["name"] == serve_config.API_KEYS_SECRET
+    assert external["spec"]["data"] == [{"secretKey": "keys.json", "remoteRef": {"key": "prod/llm-keys"}}]
+    (statement,) = pod_identity_policy(template, "external-secrets")["PolicyDocument"]["Statement"]
+    assert render(statement["Resource"]).endswith(":secret:prod/llm-keys-??????")
+
+
+def test_token_and_keys_share_one_operator_and_the_tokens_ids_do_not_move() -> None:
+    both = synth(**KEYS, hf_token_secret_name="prod/hf-token")
+    token_only = synth(hf_token_secret_name="prod/hf-token")
+    assert sorted(m["spec"]["refreshInterval"] for m in manifests(both) if m["kind"] == "ExternalSecret") == [
+        "1h",
+        "1m",
+    ]
+    releases = [r for r in both["Resources"].values() if r["Properties"].get("Release") == "external-secrets"]
+    assert len(releases) == 1
+    # Every resource a token-only stack has keeps its logical id when keys are added.
+    assert set(token_only["Resources"]) - set(both["Resources"]) == set()
+    (statement,) = pod_identity_policy(both, "external-secrets")["PolicyDocument"]["Statement"]
+    readable = sorted(render(arn).rsplit(":secret:", 1)[1] for arn in statement["Resource"])
+    assert readable == ["prod/hf-token-??????", "prod/llm-keys-??????"]
+
+
+def test_every_ray_pod_mounts_the_code_and_the_keys_whole_and_imports_from_there() -> None:
+    template = synth(**KEYS)
+    for pod in _pods(template):
+        spec, container = pod["spec"], pod["spec"]["containers"][0]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["ray-pods-code"]["configMap"] == {"name": "ray-pods-code"}
+        assert volumes["api-keys"]["secret"] == {"secretName": "endpoint-api-keys"}
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        # A subPath mount is never refreshed by the kubelet: rotation would need a restart.
+        assert mounts["api-keys"] == {"name": "api-keys", "mountPath": "/etc/pd-inference/api-keys", "readOnly": True}
+        assert mounts["ray-pods-code"]["mountPath"] == "/opt/pd-inference/python/ray_pods"
+        assert "subPath" not in mounts["ray-pods-code"]
+        assert {"name": "PYTHONPATH", "value": "/opt/pd-inference/python"} in container["env"]
+        assert pod["metadata"]["annotations"][serve_config.RAY_PODS_CODE_ANNOTATION] == serve_config.ray_pods_digest()
+
+
+def test_the_configmap_carries_exactly_the_ray_pods_package() -> None:
+    (configmap,) = [m for m in manifests(synth(**KEYS)) if m["kind"] == "ConfigMap"]
+    on_disk = {p.name: p.read_text() for p in sorted((ROOT / "ray_pods").glob("*.py"))}
+    assert configmap["data"] == on_disk
+    assert {"__init__.py", "api_keys.py"} <= set(on_disk)
+    assert configmap["metadata"]["name"] == "ray-pods-code"
+    assert len(json.dumps(configmap["data"]).encode()) < 1024 * 1024  # a ConfigMap's limit
+
+
+def test_the_rayservice_waits_for_the_keys_and_the_code() -> None:
+    template = synth(**KEYS)
+    rayservice = manifest_resource(template, "RayService")
+    assert depends_on(template, rayservice, manifest_resource(template, "ExternalSecret"))
+    assert depends_on(template, rayservice, manifest_resource(template, "ConfigMap"))
+    assert depends_on(template, manifest_resource(template, "ConfigMap"), manifest_resource(template, "Namespace"))
+
+
+def test_a_certificate_makes_the_nlb_listen_with_tls_on_443_only() -> None:
+    (service,) = [
+        m for m in manifests(synth(**KEYS, **NLB, endpoint_tls_certificate_arn=CERT)) if m["kind"] == "Service"
+    ]
+    annotations = service["metadata"]["annotations"]
+    assert annotations["service.beta.kubernetes.io/aws-load-balancer-ssl-cert"] == CERT
+    assert annotations["service.beta.kubernetes.io/aws-load-balancer-ssl-ports"] == "443"
+    assert annotations["service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy"].startswith(
+        "ELBSecurityPolicy-TLS13"
+    )
+    assert service["spec"]["ports"] == [{"name": "serve-tls", "port": 443, "targetPort": 8000, "protocol": "TCP"}]
+    (plain,) = [m for m in manifests(synth(**KEYS, **NLB)) if m["kind"] == "Service"]
+    assert plain["spec"]["ports"] == [{"name": "serve", "port": 8000, "targetPort": 8000, "protocol": "TCP"}]
+    assert not [a for a in plain["metadata"]["annotations"] if "ssl" in a]
+
+
+def test_the_curl_example_sends_the_key() -> None:
+    example = synth(**KEYS)["Outputs"]["ChatCompletionExample"]
+    assert '-H "Authorization: Bearer $OPENAI_API_KEY"' in example["Value"]
+    assert "prod/llm-keys" in example["Description"]
+    assert "Authorization" not in synth()["Outputs"]["ChatCompletionExample"]["Value"]
+
+
+def test_no_key_reaches_the_template_or_cdk_out(tmp_path: Path) -> None:
+    """Synth as the CLI runs it, with a key in the environment a user might have: no file in cdk.out holds it."""
+    key = "sk-" + "Xq9" * 16  # made up here
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": key,
+        "CDK_CONTEXT_JSON": json.dumps({**PROJECT_CONTEXT, **KEYS, **NLB}),
+        "CDK_OUTDIR": str(tmp_path),
+    }
+    result = subprocess.run(
+        [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name.endswith(".template.json") for p in files)
+    assert [str(p) for p in files if key.encode() in p.read_bytes()] == []
+    assert key not in result.stdout + result.stderr
+
+
+# --- Ray accepts it, and the pods can import it -------------------------------------------------
+@serve
+@one_ray
+@pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
+def test_rays_builders_put_the_key_ingress_in_front(mode: str, local_ray: None, tmp_path: Path) -> None:
+    from ray.serve._private.build_app import build_app
+    from ray.serve.llm import build_openai_app, build_pd_openai_app
+    from ray.serve.schema import ServeDeploySchema
+
+    doc = yaml.safe_load(rayservice_from(synth(**KEYS, serving_mode=mode))["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(doc)
+    args = doc["applications"][0]["args"]
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps({"a": "k" * 32}))
+    args["ingress_cls_config"]["ingress_extra_kwargs"]["keys_file"] = str(keys_file)
+    builder = build_pd_openai_app if mode == "disaggregated" else build_openai_app
+    built = build_app(builder(args), name="llm")
+    (ingress,) = [d for d in built.deployments if d.name in ("OpenAiIngress", "ApiKeyIngress")]
+    wrapped = ingress._replica_config.deployment_def
+    from ray_pods.api_keys import ApiKeyIngress
+
+    assert issubclass(wrapped, ApiKeyIngress)
+    assert ingress._replica_config.init_kwargs["keys_file"] == str(keys_file)
+
+
+@serve
+def test_the_configmap_alone_is_importable_as_the_pods_import_it(tmp_path: Path) -> None:
+    """Lay the synthesized ConfigMap out as the kubelet does, on PYTHONPATH, and load the class with Ray's loader."""
+    require_serve_deps()
+    (configmap,) = [m for m in manifests(synth(**KEYS)) if m["kind"] == "ConfigMap"]
+    package = tmp_path / "python" / "ray_pods"
+    package.mkdir(parents=True)
+    for name, text in configmap["data"].items():
+        (package / name).write_text(text)
+    probe = textwrap.dedent(
+        """
+        import inspect, json, sys
+        from ray.llm._internal.common.utils.import_utils import load_class
+        cls = load_class(sys.argv[1])
+        print(json.dumps({"file": inspect.getfile(cls), "bases": [b.__name__ for b in cls.__mro__]}))
+        """
+    )
+    path = serve_config.ingress_cls_config(settings_from({**PROJECT_CONTEXT, **KEYS}))["ingress_cls"]  # type: ignore[index]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "python")}
+    result = subprocess.run(
+        [sys.executable, "-c", probe, path], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["file"] == str(package / "api_keys.py")
+    assert "OpenAiIngress" in found["bases"]
+
+
+@serve
+def test_direct_streaming_would_refuse_the_key_ingress_and_nothing_turns_it_on() -> None:
+    require_serve_deps()
+    from ray.llm._internal.serve.core.ingress.builder import IngressClsConfig, _validate_direct_streaming_ingress_config
+
+    config = IngressClsConfig.model_validate({"ingress_cls": "ray_pods.api_keys:ApiKeyIngress"})
+    with pytest.raises(ValueError, match="RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"):
+        _validate_direct_streaming_ingress_config(None, config)
+    template = synth(**KEYS)
+    text = json.dumps(rayservice_from(template))
+    assert "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING" not in text
+
+
+# --- The key check, through Ray's own FastAPI ingress ------------------------------------------
+MODEL = "Qwen/Qwen3-8B"
+GOOD, OTHER = "good-key-" + "a" * 24, "other-key-" + "b" * 24
+
+
+def write_keys_like_the_kubelet(folder: Path, keys: dict[str, str], generation: int) -> Path:
+    """A Secret volume as the kubelet lays it out: keys.json -> ..data/keys.json, ..data swapped atomically."""
+    target = folder / f"..gen{generation}"
+    target.mkdir()
+    (target / "keys.json").write_text(json.dumps(keys))
+    link = folder / "..data_tmp"
+    link.symlink_to(target.name)
+    os.replace(link, folder / "..data")
+    visible = folder / "keys.json"
+    if not visible.is_symlink():
+        visible.symlink_to("..data/keys.json")
+    return visible
+
+
+class FakeModelHandle:
+    """Stands in for the decode deployment's handle: answers every call with one error the test can see."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def options(self, **_: Any) -> FakeModelHandle:
+        return self
+
+    def __getattr__(self, method: str) -> Any:
+        handle = self
+
+        class Remote:
+            def remote(self, *_: Any) -> AsyncIterator[Any]:
+                handle.calls += 1
+                return handle._answer()
+
+        return Remote()
+
+    async def _answer(self) -> AsyncIterator[Any]:
+        from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
+
+        yield ErrorResponse(error=ErrorInfo(message="the model answered", type="test", code=418))
+
+
+@pytest.fixture
+def ingress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    require_serve_deps()
+    from fastapi.testclient import TestClient
+    from ray import serve as ray_serve
+    from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard
+    from ray.llm._internal.serve.core.ingress.ingress import init, make_fastapi_ingress
+
+    from ray_pods.api_keys import ApiKeyIngress
+
+    keys_dir = tmp_path / "api-keys"
+    keys_dir.mkdir()
+    keys_file = write_keys_like_the_kubelet(keys_dir, {"team-a": GOOD}, 1)
+    app = init()
+    make_fastapi_ingress(ApiKeyIngress, app=app)
+    handle = FakeModelHandle()
+    card = ModelCard(id=MODEL, object="model", owned_by="test", permission=[], metadata={})
+    instance = ApiKeyIngress({MODEL: handle}, {MODEL: card}, keys_file=str(keys_file))
+    # What Ray's class-based view asks for each request: the replica's own instance.
+    monkeypatch.setattr(ray_serve, "get_replica_context", lambda: SimpleNamespace(servable_object=instance))
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(self.format(record))
+
+    keep = Keep()
+    logging.getLogger("ray.serve").addHandler(keep)
+    with TestClient(app) as client:
+        yield SimpleNamespace(
+            client=client, handle=handle, keys_dir=keys_dir, records=records, app=app, instance=instance
+        )
+    logging.getLogger("ray.serve").removeHandler(keep)
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_no_key_and_a_wrong_key_get_401_in_openais_shape(ingress: SimpleNamespace) -> None:
+    for headers in ({}, _auth(OTHER), {"Authorization": GOOD}, {"Authorization": "Basic " + GOOD}):
+        response = ingress.client.post("/v1/chat/completions", json=CHAT, headers=headers)
+        assert response.status_code == 401, headers
+        assert response.headers["www-authenticate"] == "Bearer"
+        error = response.json()["error"]
+        assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+        assert "team-a" not in response.text and GOOD not in response.text
+    assert ingress.handle.calls == 0
+
+
+def test_the_right_key_reaches_the_model_streaming_or_not(ingress: SimpleNamespace) -> None:
+    assert ingress.client.get("/v1/models", headers=_auth(GOOD)).json()["data"][0]["id"] == MODEL
+    for stream in (False, True):
+        response = ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers=_auth(GOOD))
+        assert response.status_code == 418, response.text  # the fake model's own answer: the request got through
+    assert ingress.handle.calls == 2
+
+
+# A well-formed request for each of Ray's nine routes (FastAPI validates the body before the route runs).
+WELL_FORMED: dict[str, dict[str, Any]] = {
+    "models": {},
+    "model_data": {},
+    "completions": {"json": {"model": MODEL, "prompt": "hi"}},
+    "chat": {"json": CHAT},
+    "embeddings": {"json": {"model": MODEL, "input": "hi"}},
+    "transcriptions": {"data": {"model": MODEL}, "files": {"file": ("a.wav", b"RIFF0000WAVE", "audio/wav")}},
+    "score": {"json": {"model": MODEL, "text_1": "a", "text_2": "b"}},
+    "tokenize": {"json": {"model": MODEL, "prompt": "hi"}},
+    "detokenize": {"json": {"model": MODEL, "tokens": [1, 2]}},
+}
+
+
+def _routes(app: Any) -> dict[str, tuple[str, str]]:
+    from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS
+
+    return {
+        route.endpoint.__name__: (route.path.replace("{model:path}", MODEL), sorted(route.methods)[0])
+        for route in app.routes
+        if getattr(route, "endpoint", None) is not None and route.endpoint.__name__ in DEFAULT_ENDPOINTS
+    }
+
+
+def test_every_route_of_rays_ingress_refuses_a_caller_without_a_key(ingress: SimpleNamespace) -> None:
+    routes = _routes(ingress.app)
+    assert set(routes) == set(WELL_FORMED)
+    for name, (path, method) in routes.items():
+        response = ingress.client.request(method, path, **WELL_FORMED[name])
+        assert response.status_code == 401, (name, response.status_code, response.text[:200])
+        with_key = ingress.client.request(method, path, headers=_auth(GOOD), **WELL_FORMED[name])
+        assert with_key.status_code != 401, name
+    assert ingress.handle.calls == 7  # every route but the two model listings reached the model
+
+
+def test_a_malformed_body_is_refused_by_fastapi_before_the_key_is_read(ingress: SimpleNamespace) -> None:
+    """FastAPI validates the body before the route method runs: 400 with the caller's own input, no model reached."""
+    response = ingress.client.post("/v1/chat/completions", json={"model": MODEL})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_parameter"
+    assert ingress.handle.calls == 0
+
+
+def test_a_rotated_file_refuses_the_old_key_and_admits_the_new_without_a_restart(ingress: SimpleNamespace) -> None:
+    assert ingress.client.get("/v1/models", headers=_auth(GOOD)).status_code == 200
+    write_keys_like_the_kubelet(ingress.keys_dir, {"team-b": OTHER}, 2)
+    assert ingress.client.get("/v1/models", headers=_auth(GOOD)).status_code == 401
+    assert ingress.client.get("/v1/models", headers=_auth(OTHER)).status_code == 200
+
+
+def test_an_unreadable_keys_file_refuses_everyone(ingress: SimpleNamespace) -> None:
+    target = ingress.keys_dir / "..bad"
+    target.mkdir()
+    (target / "keys.json").write_text("{not json")
+    (ingress.keys_dir / "..tmp").symlink_to(target.name)
+    os.replace(ingress.keys_dir / "..tmp", ingress.keys_dir / "..data")
+    response = ingress.client.get("/v1/models", headers=_auth(GOOD))
+    assert response.status_code == 503 and response.json()["error"]["code"] == "keys_unavailable"
+
+
+def test_a_key_past_its_rate_gets_429_with_retry_after(ingress: SimpleNamespace) -> None:
+    from ray_pods.api_keys import RateLimit
+
+    ingress.instance._limit = RateLimit(3)
+    codes = [ingress.client.get("/v1/models", headers=_auth(GOOD)).status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    response = ingress.client.get("/v1/models", headers=_auth(GOOD))
+    assert 1 <= int(response.headers["retry-after"]) <= 60
+    assert response.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_logs_name_the_key_id_and_never_a_key(ingress: SimpleNamespace) -> None:
+    ingress.client.get("/v1/models", headers=_auth(GOOD))
+    ingress.client.get("/v1/models", headers=_auth(OTHER))
+    text = "\n".join(ingress.records)
+    assert "key id team-a" in text
+    assert "unknown key sha256:" in text
+    assert GOOD not in text and OTHER not in text
+
+
+def test_the_replica_refuses_to_start_without_a_usable_key(tmp_path: Path) -> None:
+    require_serve_deps()
+    from ray_pods.api_keys import ApiKeyIngress
+
+    for content in ("", "[]", json.dumps({"short": "abc"})):
+        path = tmp_path / "keys.json"
+        path.write_text(content)
+        with pytest.raises(ValueError, match="no usable API key"):
+            ApiKeyIngress({}, {}, keys_file=str(path))
+
+
+def test_the_rate_window_slides() -> None:
+    require_serve_deps()
+    from ray_pods.api_keys import RateLimit
+
+    now = [0.0]
+    limit = RateLimit(2, clock=lambda: now[0])
+    assert [limit.retry_after("k") for _ in range(3)] == [0, 0, 60]
+    now[0] = 59.5
+    assert limit.retry_after("k") == 1
+    now[0] = 60.0
+    assert limit.retry_after("k") == 0
+    assert limit.retry_after("other") == 0
