@@ -112,11 +112,14 @@ def test_every_kubectl_job_has_a_writable_home(template: dict[str, Any]) -> None
     assert len(jobs) == 2  # the CRD upgrade and the Ray cluster recreate
     for job in jobs:
         pod = job["spec"]["template"]["spec"]
-        (container,) = pod["containers"]
-        assert container["securityContext"]["readOnlyRootFilesystem"] is True
-        home = {e["name"]: e["value"] for e in container["env"]}["HOME"]
-        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == home]
-        assert {"name": mount["name"], "emptyDir": {}} in pod["volumes"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            home = {e["name"]: e["value"] for e in container["env"]}["HOME"]
+            # HOME is exactly a mount point, mounted read-write, of a volume the pod may write.
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == home]
+            assert mount.get("readOnly", False) is False, mount
+            assert "emptyDir" in volumes[mount["name"]], volumes[mount["name"]]
 
 
 # --- 9. checkov: only aws-cdk's own kubectl-provider Lambdas fail ----------------------------
