@@ -117,3 +117,18 @@ def pod_peers(workloads: Iterable[Workload], subnet: str) -> list[Peer]:
         }
         found.append(Peer(workload.name, str(next(addresses)), workload.namespace, workload.labels, named))
     return found
+
+
+def strangers(peers: Iterable[Peer], namespace: str, subnet: str) -> list[Peer]:
+    """A copy of every pod, labels and ports alike, in `namespace`, addressed from the top of `subnet`.
+
+    Whoever may create a pod in some other namespace may give it any labels: a
+    policy that admits the operator or the Ray pods by their labels alone, from
+    any namespace, admits these copies too. The proof tries them, because it
+    otherwise only tries pods that exist.
+    """
+    network = ipaddress.ip_network(subnet)
+    return [
+        Peer(f"{namespace}/copy of {peer.name}", str(network[-2 - index]), namespace, peer.labels, peer.ports)
+        for index, peer in enumerate(p for p in peers if p.namespace is not None)
+    ]

@@ -88,11 +88,22 @@ def test_every_pair_that_must_talk_is_admitted(overrides: dict[str, Any]) -> Non
     assert refused(policies, required_pairs(peers, subnets, nlb=bool(overrides))) == []
 
 
+# A namespace no policy names, holding a copy of every pod (tests/reachability.py strangers).
+STRANGERS = "strangers"
+
+
+def outsiders(peers: list[Peer], subnets: list[str]) -> list[Peer]:
+    """Every pod outside the Ray cluster, and a copy of every pod (Ray's too) in a namespace of its own."""
+    ray = ray_pods(peers)
+    return [p for p in peers if p not in ray] + reachability.strangers(peers, STRANGERS, subnets[0])
+
+
 @pytest.mark.parametrize("overrides", [{}, NLB], ids=["defaults", "internal NLB"])
 def test_no_pod_outside_the_ray_cluster_reaches_the_dashboard_or_gcs(overrides: dict[str, Any]) -> None:
-    policies, peers, _ = cluster(**overrides)
+    policies, peers, subnets = cluster(**overrides)
     ray = ray_pods(peers)
-    others = [p for p in peers if p not in ray]
+    others = outsiders(peers, subnets)
+    assert {p.labels.get("ray.io/node-type") for p in others if p.namespace == STRANGERS} >= {"head", "worker"}
     # The charts' controllers, our Jobs (one in the serving namespace itself), CoreDNS;
     # of all of them, only the operator, and only to the head's dashboard.
     assert {"Deployment/kuberay-operator", "Deployment/coredns"} <= {p.name for p in others}
@@ -109,10 +120,10 @@ def test_no_pod_outside_the_ray_cluster_reaches_the_dashboard_or_gcs(overrides: 
 
 
 def test_without_a_load_balancer_no_pod_outside_ray_reaches_the_endpoint() -> None:
-    policies, peers, _ = cluster()
+    policies, peers, subnets = cluster()
     ray = ray_pods(peers)
     # Only the operator's health check; kubectl port-forward enters the pod's own network namespace.
-    admitted = {s.name for s in peers if s not in ray for d in ray if admits(policies, s, d, SERVE_PORT)}
+    admitted = {s.name for s in outsiders(peers, subnets) for d in ray if admits(policies, s, d, SERVE_PORT)}
     assert admitted == {"Deployment/kuberay-operator"}
 
 
