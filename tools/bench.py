@@ -6,11 +6,31 @@ and compare two such sweeps.
     python -m tools.bench compare A B [--ttft-slo-ms 2000] [--itl-slo-ms 100] [--out compare.png]
 
 For each point it runs vLLM's own load generator (random prompts, the model's
-tokenizer), reads decode's NIXL counters before and after, and writes
-results.csv and results.png (TTFT, inter-token latency, throughput, KV
-transfer time per request) to --out, with each point's vLLM result (every
-request's TTFT and inter-token latencies) and metadata.json: the serving mode
-and settings read from the live RayService. Progress is printed as it goes.
+tokenizer), reads decode's NIXL counters and the engines' latency histograms
+before and after, and writes results.csv and results.png (TTFT, inter-token
+latency, throughput, KV transfer time per request) to --out, with each point's
+vLLM result (every request's TTFT and inter-token latencies) and metadata.json:
+the serving mode and settings read from the live RayService. Progress is
+printed as it goes.
+
+Two inter-token latencies, because they differ: Ray Serve LLM streams tokens to
+the client in batches (LLMConfig experimental_configs.stream_batching_interval_ms,
+default RAYLLM_MODEL_RESPONSE_BATCH_TIMEOUT_MS = 50 ms), so most gaps the client
+sees are ~0 and its p99 is about the interval. median_itl_ms / p99_itl_ms are
+those client gaps; engine_*_itl_ms and engine_*_tpot_ms are vLLM's own
+histograms (vllm:inter_token_latency_seconds, vllm:request_time_per_output_token_seconds),
+scraped from the decoding workers before and after the point and interpolated
+within their buckets as Prometheus's histogram_quantile does.
+
+nixl_ms_per_transfer is NIXL's own transfer time (vllm:nixl_xfer_time_seconds):
+it excludes the GPU<->host staging copies that kv_buffer_device: cpu adds on both
+sides. A disaggregated point with fewer NIXL transfers than completed requests
+is flagged: a request whose prefill returned no kv_transfer_params is prefilled
+again on decode, silently.
+
+With endpoint_api_keys_secret_name set, the key (OPENAI_API_KEY, else the
+endpoint's Secret) reaches vLLM's bench through OPENAI_API_KEY in its
+environment, never its command line.
 
 `compare` puts two result folders side by side per load point (TTFT and
 inter-token latency p50/p99, throughput, goodput under the SLOs), names the
@@ -22,6 +42,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -34,7 +55,9 @@ from serve_config import DECODE, SERVE_PORT, serve_service_name
 from settings import Settings, settings_from_cli
 from tools.cluster_access import (
     ClusterUnreachableError,
+    EngineSnapshot,
     NixlSnapshot,
+    endpoint_key,
     kubectl_json,
     metrics_text,
     port_forward,
@@ -50,12 +73,23 @@ FIELDS = (
     "p99_ttft_ms",
     "median_itl_ms",
     "p99_itl_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "engine_median_itl_ms",
+    "engine_p99_itl_ms",
+    "engine_mean_itl_ms",
+    "engine_median_tpot_ms",
+    "engine_p99_tpot_ms",
     "output_throughput",
     "request_throughput",
     "nixl_transfers",
     "nixl_ms_per_transfer",
     "nixl_failed",
+    "requests_without_transfer",
+    "notes",
 )
+# Said in the CSV itself, on every row that has a transfer time.
+STAGING_NOTE = "nixl_ms_per_transfer excludes the GPU-host staging copies (kv_buffer_device cpu)"
 
 
 @dataclass(frozen=True)
@@ -89,7 +123,7 @@ def bench_command(
         "--ignore-eos",
         "--num-prompts", str(num_prompts),
         "--max-concurrency", str(point.concurrency),
-        "--percentile-metrics", "ttft,itl,e2el",
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", "50,99",
         "--seed", "0",
         "--save-result",
@@ -101,10 +135,61 @@ def bench_command(
     ]  # fmt: skip
 
 
-def row(point: Point, result: dict[str, Any], before: NixlSnapshot, after: NixlSnapshot) -> dict[str, Any]:
-    """One CSV row from a `vllm bench serve` result file and the NIXL counters around it."""
+def bench_env(api_key: str | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment vLLM's bench runs in: OPENAI_API_KEY is what it sends as `Authorization: Bearer`
+    (vllm/benchmarks/lib/endpoint_request_func.py, _get_headers)."""
+    env = dict(os.environ if base is None else base)
+    if api_key:
+        env["OPENAI_API_KEY"] = api_key
+    return env
+
+
+def engine_latency(before: EngineSnapshot | None, after: EngineSnapshot | None) -> dict[str, float | None]:
+    """The engines' own ITL and TPOT over one point (ms), from the histograms' change."""
+    if after is None:
+        return dict.fromkeys(("engine_median_itl_ms", "engine_p99_itl_ms", "engine_mean_itl_ms",
+                              "engine_median_tpot_ms", "engine_p99_tpot_ms"))  # fmt: skip
+    itl = after.itl.minus(before.itl if before else None) if after.itl else None
+    tpot = after.tpot.minus(before.tpot if before else None) if after.tpot else None
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else value * 1e3
+
+    return {
+        "engine_median_itl_ms": ms(itl.quantile(0.5)) if itl else None,
+        "engine_p99_itl_ms": ms(itl.quantile(0.99)) if itl else None,
+        "engine_mean_itl_ms": ms(itl.mean) if itl else None,
+        "engine_median_tpot_ms": ms(tpot.quantile(0.5)) if tpot else None,
+        "engine_p99_tpot_ms": ms(tpot.quantile(0.99)) if tpot else None,
+    }
+
+
+def row(
+    point: Point,
+    result: dict[str, Any],
+    before: NixlSnapshot,
+    after: NixlSnapshot,
+    engine_before: EngineSnapshot | None = None,
+    engine_after: EngineSnapshot | None = None,
+    *,
+    serving_mode: str | None = None,
+) -> dict[str, Any]:
+    """One CSV row from a `vllm bench serve` result file and the counters around it.
+
+    serving_mode "disaggregated": a point with fewer NIXL transfers than completed requests is
+    flagged (None: the mode is unknown, nothing is flagged).
+    """
     transfers = after.transfers - before.transfers
     seconds = after.transfer_seconds - before.transfer_seconds
+    completed = result.get("completed") or 0
+    missing = max(0, int(completed - transfers)) if serving_mode == "disaggregated" else None
+    notes = []
+    if missing:
+        notes.append(
+            f"{missing} of {completed} requests had no NIXL transfer: prefilled again on decode (local recompute)"
+        )
+    if transfers:
+        notes.append(STAGING_NOTE)
     return {
         "input_len": point.input_len,
         "concurrency": point.concurrency,
@@ -113,11 +198,16 @@ def row(point: Point, result: dict[str, Any], before: NixlSnapshot, after: NixlS
         "p99_ttft_ms": result.get("p99_ttft_ms"),
         "median_itl_ms": result.get("median_itl_ms"),
         "p99_itl_ms": result.get("p99_itl_ms"),
+        "median_tpot_ms": result.get("median_tpot_ms"),
+        "p99_tpot_ms": result.get("p99_tpot_ms"),
+        **engine_latency(engine_before, engine_after),
         "output_throughput": result.get("output_throughput"),
         "request_throughput": result.get("request_throughput"),
         "nixl_transfers": transfers,
         "nixl_ms_per_transfer": (seconds / transfers * 1e3) if transfers else None,
         "nixl_failed": after.failed - before.failed,
+        "requests_without_transfer": missing,
+        "notes": "; ".join(notes),
     }
 
 
@@ -136,15 +226,16 @@ def write_chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
 
     panels = (
         ("median_ttft_ms", "TTFT p50 (ms)"),
-        ("median_itl_ms", "inter-token latency p50 (ms)"),
+        # The engine's: the client's gaps are Ray's stream batches (mostly 0).
+        ("engine_median_itl_ms", "engine inter-token latency p50 (ms)"),
         ("output_throughput", "output tokens/s"),
-        ("nixl_ms_per_transfer", "NIXL ms per KV transfer"),
+        ("nixl_ms_per_transfer", "NIXL ms per KV transfer (excl. staging)"),
     )
     figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (field, label) in zip(axes, panels, strict=True):
         for concurrency in sorted({r["concurrency"] for r in rows}):
             points = [
-                (r["input_len"], r[field]) for r in rows if r["concurrency"] == concurrency and r[field] is not None
+                (r["input_len"], r[field]) for r in rows if r["concurrency"] == concurrency and r.get(field) is not None
             ]
             if points:
                 xs, ys = zip(*sorted(points), strict=True)
@@ -197,19 +288,36 @@ def _csv_ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def scrape(namespace: str, pods: Sequence[str]) -> tuple[NixlSnapshot, EngineSnapshot]:
+    """NIXL counters and engine histograms, summed over the pods that decode."""
+    texts = [metrics_text(namespace, pod) for pod in pods]
+    nixl = [NixlSnapshot.of(text) for text in texts]
+    summed = NixlSnapshot(
+        sum(n.transfers for n in nixl), sum(n.transfer_seconds for n in nixl), sum(n.failed for n in nixl)
+    )
+    return summed, EngineSnapshot.of(*texts)
+
+
 def sweep(
-    settings: Settings, points: list[Point], output_len: int, num_prompts: int, out: Path
+    settings: Settings,
+    points: list[Point],
+    output_len: int,
+    num_prompts: int,
+    out: Path,
+    serving_mode: str | None = None,
 ) -> list[dict[str, Any]]:
-    decode = worker_pods(settings).get(DECODE, [])
-    decode_pod = decode[0]["metadata"]["name"] if decode else None
+    from tools.verify import settled
 
-    def snapshot() -> NixlSnapshot:
-        return (
-            NixlSnapshot.of(metrics_text(settings.serving_namespace, decode_pod))
-            if decode_pod
-            else NixlSnapshot(0, 0, 0)
-        )
+    groups = worker_pods(settings)
+    # Decode decodes in P/D mode; in aggregated mode every replica does both.
+    sides = [DECODE] if serving_mode != "aggregated" else sorted(groups)
+    pods = [p["metadata"]["name"] for side in sides for p in groups.get(side, [])]
 
+    def snapshot() -> tuple[NixlSnapshot, EngineSnapshot]:
+        # Ray exports every 10 s: a reading is complete once it has held still for longer.
+        return settled(lambda: scrape(settings.serving_namespace, pods))
+
+    env = bench_env(endpoint_key(settings))
     rows = []
     with port_forward(settings, serve_service_name(settings), SERVE_PORT) as base:
         for index, point in enumerate(points, 1):
@@ -219,18 +327,21 @@ def sweep(
                 flush=True,
             )
             name = f"run-{point.input_len}-{point.concurrency}.json"
-            before = snapshot()
+            before, engine_before = snapshot()
             command = bench_command(
                 base_url=base, model=settings.model_id, point=point, output_len=output_len,
                 num_prompts=num_prompts, result_dir=out, result_file=name,
             )  # fmt: skip
-            subprocess.run(command, check=True)  # vLLM's own progress bar shows here
+            subprocess.run(command, check=True, env=env)  # vLLM's own progress bar shows here
             result = json.loads((out / name).read_text())
-            rows.append(row(point, result, before, snapshot()))
+            after, engine_after = snapshot()
+            rows.append(row(point, result, before, after, engine_before, engine_after, serving_mode=serving_mode))
             print(
                 f"    done in {time.monotonic() - started:.0f}s: TTFT p50 {rows[-1]['median_ttft_ms']:.0f} ms",
                 flush=True,
             )
+            if rows[-1]["requests_without_transfer"]:
+                print(f"    WARNING: {rows[-1]['notes'].split(';')[0]}", flush=True)
     return rows
 
 
@@ -260,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         metadata = live_metadata(settings)
         print(f"measuring the {metadata['serving_mode']} deployment ({metadata['source']})", flush=True)
-        rows = sweep(settings, points, args.output_len, args.prompts_per_run, args.out)
+        rows = sweep(settings, points, args.output_len, args.prompts_per_run, args.out, metadata["serving_mode"])
     except ClusterUnreachableError as err:
         print(unreachable_message(settings, err), file=sys.stderr)
         return 2

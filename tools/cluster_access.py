@@ -180,6 +180,30 @@ class Histogram:
         return lower
 
 
+def _plus(a: Histogram | None, b: Histogram | None) -> Histogram | None:
+    if a is None or b is None:
+        return a or b
+    counts = dict(a.buckets)
+    for le, n in b.buckets:
+        counts[le] = counts.get(le, 0.0) + n
+    return Histogram(tuple(sorted(counts.items())), a.total + b.total, a.count + b.count)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engines' own inter-token latency and per-request time per output token, summed over pods."""
+
+    itl: Histogram | None
+    tpot: Histogram | None
+
+    @classmethod
+    def of(cls, *texts: str) -> EngineSnapshot:
+        itl = tpot = None
+        for text in texts:
+            itl, tpot = _plus(itl, histogram(text, ENGINE_ITL)), _plus(tpot, histogram(text, ENGINE_TPOT))
+        return cls(itl, tpot)
+
+
 def histogram(text: str, name: str) -> Histogram | None:
     """One histogram (vLLM's or Ray's name for it) summed over label sets; None if absent."""
     bases = _metric_names(name) - {f"{n}_total" for n in _metric_names(name)}
