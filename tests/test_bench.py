@@ -137,7 +137,7 @@ def test_sweep_runs_vllms_bench_with_the_key_and_flags_recompute(
     monkeypatch.setattr(bench, "metrics_text", metrics)
     monkeypatch.setattr(bench, "port_forward", cluster.port_forward)
     monkeypatch.setattr("tools.cluster_access.kubectl", cluster.kubectl)
-    monkeypatch.setattr(bench.subprocess, "run", run)
+    monkeypatch.setattr("tools.bench.subprocess.run", run)
     monkeypatch.setattr(time, "sleep", cluster.sleep)
 
     class Keyed:
