@@ -68,15 +68,31 @@ def test_every_pod_lands_where_it_must_and_fits(overrides: dict[str, Any]) -> No
     assert set(result.placed[f"{SERVICE}/{PREFILL}"]).isdisjoint(result.placed[f"{SERVICE}/{DECODE}"])
 
 
-def test_nvidia_device_plugin_needs_the_gpu_present_label_before_135() -> None:
-    """The label the stack sets is what makes the plugin schedule before nodeadm sets it (1.35+)."""
-    template = synth(kubernetes_version="1.34")
-    nodes = placement.nodes_from_template(template, "1.34")
-    for node in nodes:
+BEFORE_135 = [v for v in KUBERNETES_VERSIONS if int(v.split(".")[1]) < 35]
+
+
+@pytest.mark.parametrize("version", BEFORE_135)
+def test_nvidia_device_plugin_needs_the_gpu_present_label_before_135(version: str) -> None:
+    """Before 1.35 nodeadm does not label NVIDIA nodes: the node group's own label makes the plugin schedule.
+
+    On the nodes the template creates, the plugin must run on every GPU node; on
+    the same nodes without that label it runs nowhere, so the label is the reason.
+    """
+    assert BEFORE_135, "no Kubernetes version before 1.35 is offered: retire this test"
+    template = synth(kubernetes_version=version)
+    nvidia = f"DaemonSet/{NVIDIA_DEVICE_PLUGIN.release}"
+    nodes = placement.nodes_from_template(template, version)
+    gpu_nodes = sorted(n.name for n in nodes if n.labels.get("role") == "gpu-worker")
+    assert gpu_nodes
+    result = placement.place(nodes, workloads(template, version), DEVICE_PLUGIN_DAEMONSETS)
+    assert sorted(result.placed[nvidia]) == gpu_nodes, result.failures
+
+    stripped = placement.nodes_from_template(template, version)
+    for node in stripped:
         node.labels.pop("nvidia.com/gpu.present", None)
-    result = placement.place(nodes, workloads(template, "1.34"), DEVICE_PLUGIN_DAEMONSETS)
-    assert result.placed[f"DaemonSet/{NVIDIA_DEVICE_PLUGIN.release}"] == []
-    assert any(f"{SERVICE}/{PREFILL}" in f and "nvidia.com/gpu" in f for f in result.failures), result.failures
+    without = placement.place(stripped, workloads(template, version), DEVICE_PLUGIN_DAEMONSETS)
+    assert without.placed[nvidia] == []
+    assert any(f"{SERVICE}/{PREFILL}" in f and "nvidia.com/gpu" in f for f in without.failures), without.failures
 
 
 def _mutated(mutate: Any) -> placement.Placement:
