@@ -187,7 +187,7 @@ LOCAL_NVME_MOUNT = "/mnt/k8s-disks/0"
 # --- Models ------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of a model, enough to size its weights and its KV cache."""
+    """Shape of a model, enough to size its weights, its KV cache and one step's activations."""
 
     parameters_billion: float
     layers: int
@@ -198,29 +198,40 @@ class ModelSpec:
     # max_position_embeddings: vLLM refuses a longer max_model_len at startup
     # (vllm/config/model.py, _get_and_verify_max_len) unless told to allow it.
     max_context_tokens: int
+    # hidden_size, intermediate_size (the MLP's width) and vocab_size: the
+    # activation peak of a forward pass and the sampler's logits (settings/sizing.py).
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
 
 
 # From each model's config.json on its Hugging Face model card
 # (num_hidden_layers, num_key_value_heads, head_dim, torch_dtype,
-# max_position_embeddings) and the parameter count the card states.
+# max_position_embeddings, hidden_size, intermediate_size, vocab_size) and the
+# parameter count the card states.
 MODELS: Mapping[str, ModelSpec] = MappingProxyType(
     {
-        "Qwen/Qwen3-8B": ModelSpec(8.19, 36, 8, 128, 2, needs_token=False, max_context_tokens=40960),
-        "Qwen/Qwen3-4B": ModelSpec(4.02, 36, 8, 128, 2, needs_token=False, max_context_tokens=40960),
-        "Qwen/Qwen3-14B": ModelSpec(14.8, 40, 8, 128, 2, needs_token=False, max_context_tokens=40960),
-        "Qwen/Qwen2.5-7B-Instruct": ModelSpec(7.62, 28, 4, 128, 2, needs_token=False, max_context_tokens=32768),
-        "meta-llama/Llama-3.1-8B-Instruct": ModelSpec(8.03, 32, 8, 128, 2, needs_token=True, max_context_tokens=131072),
+        "Qwen/Qwen3-8B": ModelSpec(
+            8.19, 36, 8, 128, 2, False, 40960, hidden_size=4096, intermediate_size=12288, vocab_size=151936
+        ),
+        "Qwen/Qwen3-4B": ModelSpec(
+            4.02, 36, 8, 128, 2, False, 40960, hidden_size=2560, intermediate_size=9728, vocab_size=151936
+        ),
+        "Qwen/Qwen3-14B": ModelSpec(
+            14.8, 40, 8, 128, 2, False, 40960, hidden_size=5120, intermediate_size=17408, vocab_size=151936
+        ),
+        "Qwen/Qwen2.5-7B-Instruct": ModelSpec(
+            7.62, 28, 4, 128, 2, False, 32768, hidden_size=3584, intermediate_size=18944, vocab_size=152064
+        ),
+        "meta-llama/Llama-3.1-8B-Instruct": ModelSpec(
+            8.03, 32, 8, 128, 2, True, 131072, hidden_size=4096, intermediate_size=14336, vocab_size=128256
+        ),
         "mistralai/Mistral-7B-Instruct-v0.3": ModelSpec(
-            7.25, 32, 8, 128, 2, needs_token=True, max_context_tokens=32768
+            7.25, 32, 8, 128, 2, True, 32768, hidden_size=4096, intermediate_size=14336, vocab_size=32768
         ),
     }
 )
 DEFAULT_MODEL_ID = "Qwen/Qwen3-8B"
-
-# vLLM sets aside memory for activations and CUDA graphs beyond weights and
-# KV cache. 1.5 GiB is what vLLM 0.2x logs on an 8B model on a 24 GB GPU
-# ("non_torch_memory" plus "activation peak"); treat it as an estimate.
-ENGINE_OVERHEAD_GIB = 1.5
 
 
 # --- Regions -------------------------------------------------------------------

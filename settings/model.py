@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
+import math
 import re
 from dataclasses import dataclass, fields
 
 from settings import catalog
-from settings.sizing import GPU_ROOT_MAX_GIB, gpu_memory_plan_gib, gpu_root_volume_floor, gpu_root_volume_gib
+from settings.sizing import (
+    GPU_ROOT_MAX_GIB,
+    MAX_GPU_MEMORY_UTILIZATION,
+    gpu_memory_plan,
+    gpu_root_volume_floor,
+    gpu_root_volume_gib,
+    min_gpu_memory_utilization,
+)
 
 ENDPOINT_ACCESS_MODES: tuple[str, ...] = ("public_and_private", "private")
 # disaggregated: prefill and decode on their own GPU nodes, KV over NIXL;
@@ -340,19 +348,38 @@ def validate(s: Settings) -> Settings:
         s.max_model_len,
         f"256 to {model_limit} tokens, the context length of {s.model_id} (vLLM refuses a longer one at startup)",
     )
-    _require(0.5 <= s.gpu_memory_utilization <= 0.95, "gpu_memory_utilization", s.gpu_memory_utilization, "0.5 to 0.95")
+    _require(
+        0.5 <= s.gpu_memory_utilization <= MAX_GPU_MEMORY_UTILIZATION,
+        "gpu_memory_utilization",
+        s.gpu_memory_utilization,
+        f"0.5 to {MAX_GPU_MEMORY_UTILIZATION}",
+    )
     _require(1 <= s.prefill_replicas <= 16, "prefill_replicas", s.prefill_replicas, "1 to 16")
     _require(1 <= s.decode_replicas <= 16, "decode_replicas", s.decode_replicas, "1 to 16")
     _require(s.serving_mode in SERVING_MODES, "serving_mode", s.serving_mode, f"one of {list(SERVING_MODES)}")
     assert gpu is not None
-    weights, kv, budget = gpu_memory_plan_gib(s)
+    # vLLM starts only if, after the weights and what the largest step sets aside (prefill's,
+    # in disaggregated mode), one max_model_len sequence of KV fits (settings/sizing.py gpu_memory_plan).
+    least = min_gpu_memory_utilization(s)
+    plan = gpu_memory_plan(s, "prefill", utilization=MAX_GPU_MEMORY_UTILIZATION)
+    set_aside = plan.non_torch + plan.activations + plan.cuda_graphs
+    set_aside_text = f"{set_aside:.1f} GiB set aside for a {plan.step_tokens}-token step"
     _require(
-        weights + kv <= budget,
+        least <= MAX_GPU_MEMORY_UTILIZATION,
         "model_id",
         s.model_id,
-        f"weights {weights:.1f} GiB + KV cache for max_model_len={s.max_model_len} {kv:.1f} GiB must fit "
-        f"{budget:.1f} GiB of one {gpu.gpu_model} at gpu_memory_utilization={s.gpu_memory_utilization}; "
-        "pick a smaller model or max_model_len, or a larger GPU",
+        f"weights {plan.weights:.1f} GiB + KV cache for max_model_len={s.max_model_len} {plan.one_sequence_kv:.1f} GiB "
+        f"+ {set_aside_text} must fit {plan.budget:.1f} GiB of one {gpu.gpu_model} even at "
+        f"gpu_memory_utilization={MAX_GPU_MEMORY_UTILIZATION}; pick a smaller model or max_model_len, or a larger GPU",
+    )
+    _require(
+        s.gpu_memory_utilization >= least,
+        "gpu_memory_utilization",
+        s.gpu_memory_utilization,
+        f"at least {math.ceil(least * 1000) / 1000:.3f} for {s.model_id} at max_model_len={s.max_model_len} on one "
+        f"{gpu.gpu_model}: weights {plan.weights:.1f} GiB + {set_aside_text} (activations {plan.activations:.2f}, "
+        f"CUDA graphs {plan.cuda_graphs:.2f}, non-torch {plan.non_torch:.2f}) + KV for one max_model_len sequence "
+        f"{plan.one_sequence_kv:.2f} GiB, or vLLM refuses to start",
     )
     _require(
         s.hf_token_secret_name is not None or not s.model.needs_token,

@@ -48,6 +48,8 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 # The largest step set on the prefill engine: activation memory grows with it.
 PREFILL_STEP_CAP_TOKENS = 8192
 PROMPT_LENGTHS = (1024, 8192, 32768)
+# The engines of a deployment, by step size: aggregated engines take the decode side's.
+SIDES = ("prefill", "decode")
 # Reading the weights back from the node's NVMe RAID0: 2 GB/s, an assumption
 # (unmeasured; EC2 publishes instance-store IOPS, not a sequential read rate).
 NVME_READ_BYTES_PER_S = 2e9
@@ -105,19 +107,113 @@ def kv_cache_bytes_per_token(model: catalog.ModelSpec) -> int:
     return 2 * model.layers * model.kv_heads * model.head_dim * model.dtype_bytes
 
 
-def gpu_memory_plan_gib(s: Settings) -> tuple[float, float, float]:
-    """(weights, KV cache for one max_model_len sequence, GPU budget) in GiB."""
+# What vLLM 0.26 sets aside before the KV cache (vllm/v1/worker/gpu_worker.py,
+# determine_available_memory): total memory x gpu_memory_utilization, minus the weights,
+# minus the memory torch did not allocate ("non-torch": cuBLAS and NCCL workspaces),
+# minus profile_run's torch peak (one forward pass of max_num_batched_tokens tokens,
+# then the sampler on max_num_seqs rows), minus the CUDA-graph estimate
+# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default since 0.21). vLLM then
+# refuses to start unless the rest holds one max_model_len sequence
+# (vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory).
+#
+# Non-torch memory: vLLM logs 0.09-0.33 GiB on one GPU in public reports
+# ("non_torch_memory takes"); 0.4 GiB, rounded up.
+NON_TORCH_GIB = 0.4
+# vLLM's CUDA-graph estimate for Qwen3-8B on a 24 GB GPU with the default capture
+# sizes (PIECEWISE 51 up to 512 tokens, FULL 35 up to 256): "Estimated CUDA graph
+# memory: 0.52 GiB total" (LMCache/LMCache#3430). The sizes stop at 512 tokens, below
+# every step here, so the estimate does not grow with the step; other models in the
+# catalog have 28-40 layers against Qwen3-8B's 36, and keep this figure (an estimate).
+CUDA_GRAPH_GIB = 0.52
+# vLLM's OpenAI-server usage context on GPUs under 70 GiB (vllm/engine/arg_utils.py):
+# the sampler's dummy run in profile_run takes this many rows.
+DEFAULT_MAX_NUM_SEQS = 256
+# One logit on the sampler's path: the lm_head's output in the model's dtype (2 B), its
+# float32 copy (vllm/v1/sample/sampler.py "Use float32 for the logits") and the float32
+# probabilities of the top-k/top-p sampler: 10 bytes.
+SAMPLER_BYTES_PER_LOGIT = 10
+# The largest gpu_memory_utilization accepted: vLLM refuses a share above the memory free at startup
+# (vllm/v1/worker/utils.py, request_memory), and the CUDA context has taken some by then.
+MAX_GPU_MEMORY_UTILIZATION = 0.95
+
+
+def engine_max_num_batched_tokens(s: Settings, side: str) -> int:
+    """The step size of one engine: 'prefill' or 'decode' ('decode' also names an aggregated engine)."""
+    if side == "prefill":
+        return prefill_max_num_batched_tokens(s) or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    return DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def activation_peak_bytes(model: catalog.ModelSpec, step_tokens: int) -> int:
+    """profile_run's torch peak: the larger of one step's forward pass and the sampler after it.
+
+    Forward: inside the MLP, the gate_up output (2 x intermediate) and the activated half
+    (1 x intermediate) are alive beside the hidden states and the residual (2 x hidden), per
+    token, in the model's dtype; attention's q, k, v are narrower in every catalog model.
+    Sampler: the step's hidden states are still held while max_num_seqs rows of logits go
+    through SAMPLER_BYTES_PER_LOGIT each.
+    """
+    forward = step_tokens * (2 * model.hidden_size + 3 * model.intermediate_size) * model.dtype_bytes
+    sampler = (
+        step_tokens * model.hidden_size * model.dtype_bytes
+        + DEFAULT_MAX_NUM_SEQS * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    )
+    return max(forward, sampler)
+
+
+@dataclass(frozen=True)
+class GpuMemoryPlan:
+    """One engine's GPU memory in GiB, as vLLM 0.26 divides it at startup."""
+
+    step_tokens: int
+    budget: float  # total x gpu_memory_utilization
+    weights: float
+    non_torch: float
+    activations: float
+    cuda_graphs: float
+    one_sequence_kv: float  # KV for one max_model_len sequence: vLLM's floor
+
+    @property
+    def before_kv(self) -> float:
+        return self.weights + self.non_torch + self.activations + self.cuda_graphs
+
+    @property
+    def kv_cache(self) -> float:
+        return self.budget - self.before_kv
+
+    @property
+    def starts(self) -> bool:
+        return self.kv_cache >= self.one_sequence_kv
+
+
+def gpu_memory_plan(s: Settings, side: str = "prefill", utilization: float | None = None) -> GpuMemoryPlan:
+    """One engine's GPU memory at the settings' (or the given) gpu_memory_utilization."""
     model = s.model
-    weights = model.parameters_billion * 1e9 * model.dtype_bytes / 2**30
-    kv = kv_cache_bytes_per_token(model) * s.max_model_len / 2**30
-    budget = s.gpu_instance.gpu_memory_gib * s.gpu_memory_utilization - catalog.ENGINE_OVERHEAD_GIB
-    return weights, kv, budget
+    step = engine_max_num_batched_tokens(s, side)
+    gpu_gib = s.gpu_instance.gpu_memory_gib
+    return GpuMemoryPlan(
+        step_tokens=step,
+        budget=gpu_gib * (s.gpu_memory_utilization if utilization is None else utilization),
+        weights=model.parameters_billion * 1e9 * model.dtype_bytes / 2**30,
+        non_torch=NON_TORCH_GIB,
+        activations=activation_peak_bytes(model, step) / 2**30,
+        cuda_graphs=CUDA_GRAPH_GIB,
+        one_sequence_kv=kv_cache_bytes_per_token(model) * s.max_model_len / 2**30,
+    )
 
 
-def kv_cache_tokens(s: Settings) -> int:
-    """Tokens of KV cache one engine holds: the GPU budget left after the weights."""
-    weights, _, budget = gpu_memory_plan_gib(s)
-    return int((budget - weights) * 2**30 // kv_cache_bytes_per_token(s.model))
+def min_gpu_memory_utilization(s: Settings) -> float:
+    """The smallest gpu_memory_utilization at which every engine holds one max_model_len sequence.
+
+    Prefill's step is the larger (up to PREFILL_STEP_CAP_TOKENS), so prefill decides.
+    """
+    need = max(gpu_memory_plan(s, side).before_kv + gpu_memory_plan(s, side).one_sequence_kv for side in SIDES)
+    return need / s.gpu_instance.gpu_memory_gib
+
+
+def kv_cache_tokens(s: Settings, side: str = "decode") -> int:
+    """Tokens of KV cache one engine holds: the GPU budget left after everything vLLM sets aside first."""
+    return int(gpu_memory_plan(s, side).kv_cache * 2**30 // kv_cache_bytes_per_token(s.model))
 
 
 def concurrent_sequences(s: Settings, prompt_tokens: int, output_tokens: int = OUTPUT_TOKENS) -> int:

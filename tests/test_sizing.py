@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 
-from settings import SettingsError, catalog, settings_from
-from tests.conftest import PROJECT_CONTEXT, pod_identity_policy, rayservice_from, synth
+from settings import Settings, SettingsError, catalog, settings_from, sizing
+from tests.conftest import PROJECT_CONTEXT, pod_identity_policy, rayservice_from, require_serve_deps, synth
 from tools.review import render
 
 # --- model_source as the S3 console copies it (with a trailing slash) --------------------------------
@@ -89,3 +90,86 @@ def test_a_root_volume_too_small_for_the_type_is_refused_in_one_line(
     assert "\n" not in message and message.startswith("setting 'gpu_volume_gib'") and allowed in message
     # One GiB more is accepted.
     assert settings_from({**PROJECT_CONTEXT, "gpu_volume_gib": str(volume + 1)}).gpu_volume_gib == volume + 1
+
+
+# --- GPU memory: prefill's step must leave KV for one max_model_len sequence ----------------------------
+def _load(**values: str) -> Any:
+    return settings_from({**PROJECT_CONTEXT, **values})
+
+
+def test_the_smallest_gpu_memory_utilization_leaves_prefill_kv_for_one_sequence() -> None:
+    """Worked by hand for the defaults: Qwen3-8B on one L4 (22.5 GiB), max_model_len 8192, prefill step 8192.
+
+    vLLM 0.26 (gpu_worker.determine_available_memory) gives the KV cache total x utilization minus the
+    weights, the non-torch memory, profile_run's torch peak and the CUDA-graph estimate, and refuses to
+    start when that is under one max_model_len sequence (kv_cache_utils.check_enough_kv_cache_memory).
+    Weights: 8.19e9 x 2 B = 15.2549 GiB. KV: 147,456 B x 8192 = 1.125 GiB.
+    Torch peak of an 8192-token step: 8192 x (2 x 4096 + 3 x 12288) x 2 B = 0.6875 GiB (the MLP's
+    gate_up and activation outputs beside the residual stream); the sampler's 256 rows x 151,936 x 10 B
+    + the 8192 x 4096 x 2 B hidden states = 0.4248 GiB is smaller. CUDA graphs 0.52 GiB, non-torch 0.4 GiB.
+    Sum 17.9874 GiB / 22.5 GiB = 0.79944: 0.800 is the smallest accepted at three decimals.
+    """
+    assert _load(gpu_memory_utilization="0.8").gpu_memory_utilization == 0.8
+    with pytest.raises(SettingsError) as raised:
+        _load(gpu_memory_utilization="0.797")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("setting 'gpu_memory_utilization' = 0.797 is not valid: at least 0.800 ")
+    assert "8192-token step" in message and "max_model_len=8192" in message
+
+
+def test_the_fit_follows_the_step_size() -> None:
+    """Aggregated engines keep vLLM's 2048-token step: a smaller torch peak, so a lower utilization fits.
+
+    At 2048 tokens the sampler dominates: 2048 x 4096 x 2 B + 256 x 151,936 x 10 B = 0.3779 GiB;
+    15.2549 + 1.125 + 0.3779 + 0.52 + 0.4 = 17.6778 GiB / 22.5 = 0.78568.
+    """
+    aggregated = Settings(serving_mode="aggregated")
+    assert sizing.min_gpu_memory_utilization(aggregated) == pytest.approx(0.78568, abs=5e-4)
+    assert sizing.min_gpu_memory_utilization(Settings()) == pytest.approx(0.79944, abs=5e-4)
+    assert _load(serving_mode="aggregated", gpu_memory_utilization="0.79").gpu_memory_utilization == 0.79
+    with pytest.raises(SettingsError, match=r"^setting 'gpu_memory_utilization' = 0\.79 is not valid"):
+        _load(gpu_memory_utilization="0.79")
+
+
+def test_a_model_that_fits_at_no_utilization_names_the_model() -> None:
+    with pytest.raises(SettingsError, match=r"^setting 'model_id' = 'Qwen/Qwen3-14B' is not valid: weights 27\.6 GiB"):
+        _load(model_id="Qwen/Qwen3-14B")
+
+
+@pytest.mark.serve
+def test_vllms_own_check_agrees_at_the_boundary() -> None:
+    """vLLM's check_enough_kv_cache_memory, on the KV cache spec of Qwen3-8B's 36 layers, with what our plan leaves.
+
+    At the smallest accepted utilization vLLM starts; at the first one refused it raises.
+    """
+    require_serve_deps()
+    import torch
+    from vllm.v1.core.kv_cache_utils import _check_enough_kv_cache_memory
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    model = catalog.MODELS["Qwen/Qwen3-8B"]
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=model.kv_heads, head_size=model.head_dim, dtype=torch.bfloat16)
+    # The two fields FullAttentionSpec.max_memory_usage_bytes reads.
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=8192),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+    )
+
+    def vllm_starts(utilization: float) -> bool:
+        plan = sizing.gpu_memory_plan(Settings(), "prefill", utilization=utilization)
+        try:
+            _check_enough_kv_cache_memory(
+                int(plan.kv_cache * 2**30),
+                lambda: model.layers * spec.max_memory_usage_bytes(config),
+                8192,
+                lambda _: 0,
+            )
+        except ValueError:
+            return False
+        return True
+
+    assert vllm_starts(0.800) and _load(gpu_memory_utilization="0.8")
+    assert not vllm_starts(0.797)
+    with pytest.raises(SettingsError):
+        _load(gpu_memory_utilization="0.797")
