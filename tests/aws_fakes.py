@@ -15,10 +15,19 @@ from typing import Any
 
 import botocore.session
 from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ParamValidationError
 from botocore.validate import validate_parameters
 
 Answer = dict[str, Any] | Callable[[dict[str, Any], str], dict[str, Any]]
 _BOTOCORE = botocore.session.get_session()
+
+
+class FakeAwsMisuseError(BaseException):
+    """A test's own mistake (no answer, an answer AWS could not give).
+
+    A BaseException, so that preflight's guard, which turns any Exception of a check
+    into that check's FAIL line, cannot hide it: the test errors instead.
+    """
 
 
 def client_error(code: str, message: str = "", status: int = 400) -> dict[str, Any]:
@@ -53,14 +62,17 @@ class FakeAws:
             self.calls.append((service_name, model.name, region, params))
             key = (service_name, model.name)
             if key not in self.answers:
-                raise AssertionError(f"the test gave no answer for {service_name} {model.name}")
+                raise FakeAwsMisuseError(f"the test gave no answer for {service_name} {model.name}")
             found = self.answers[key]
             response = found(params, region) if callable(found) else copy.deepcopy(found)
             if "Error" in response:
                 status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 400)
                 return AWSResponse(None, status, {}, None), response
             if model.output_shape is not None:
-                validate_parameters(response, model.output_shape)
+                try:
+                    validate_parameters(response, model.output_shape)
+                except ParamValidationError as err:
+                    raise FakeAwsMisuseError(f"{service_name} {model.name}: not an answer AWS gives: {err}") from None
             return AWSResponse(None, 200, {}, None), response
 
         client.meta.events.register("before-parameter-build", remember)

@@ -30,6 +30,8 @@ ACCOUNT = "123456789012"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/platform/Deployer"
 CALLER = f"arn:aws:sts::{ACCOUNT}:assumed-role/Deployer/alice"
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e", "us-east-1f"]
+# Each account maps AZ names to physical zones (zone IDs) its own way.
+ZONE_IDS = dict(zip(ZONES, ["use1-az4", "use1-az6", "use1-az1", "use1-az2", "use1-az3", "use1-az5"], strict=True))
 # us-east-1a, the AZ an unchosen stack lands in, does not offer the GPU type.
 OFFERED = {"g6.8xlarge": ["us-east-1b", "us-east-1c"], "m7i.xlarge": ZONES}
 CMK = f"arn:aws:kms:us-east-1:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
@@ -104,6 +106,39 @@ def role(params: dict[str, Any], _: str) -> dict[str, Any]:
     }
 
 
+def zones(ids: dict[str, str] = ZONE_IDS) -> dict[str, Any]:
+    """DescribeAvailabilityZones: these AZ names, with these zone IDs."""
+    return {
+        "AvailabilityZones": [
+            {
+                "ZoneName": z,
+                "ZoneId": i,
+                "State": "available",
+                "ZoneType": "availability-zone",
+                "RegionName": "us-east-1",
+            }
+            for z, i in ids.items()
+        ]
+    }
+
+
+def default_subnets(azs: list[str] | None = None) -> Answer:
+    """DescribeSubnets: the default VPC has a default subnet in these AZs (every AZ, as AWS creates it)."""
+
+    def answer(params: dict[str, Any], _: str) -> dict[str, Any]:
+        filters = {f["Name"]: f["Values"] for f in params.get("Filters", [])}
+        if filters.get("default-for-az") != ["true"]:
+            return {"Subnets": []}
+        return {
+            "Subnets": [
+                {"SubnetId": f"subnet-0d{n:015x}", "AvailabilityZone": z, "DefaultForAz": True}
+                for n, z in enumerate(ZONES if azs is None else azs)
+            ]
+        }
+
+    return answer
+
+
 def running(*types: tuple[str, int]) -> Answer:
     """DescribeInstances: these (type, vCPUs) are running."""
     instances = [
@@ -132,12 +167,8 @@ def account(**changes: Answer) -> dict[tuple[str, str], Answer]:
         },
         ("ec2", "DescribeInstanceTypes"): lambda p, _: {"InstanceTypes": [TYPES[t] for t in p["InstanceTypes"]]},
         ("ec2", "DescribeInstanceTypeOfferings"): offerings(),
-        ("ec2", "DescribeAvailabilityZones"): {
-            "AvailabilityZones": [
-                {"ZoneName": z, "State": "available", "ZoneType": "availability-zone", "RegionName": "us-east-1"}
-                for z in ZONES
-            ]
-        },
+        ("ec2", "DescribeAvailabilityZones"): zones(),
+        ("ec2", "DescribeSubnets"): default_subnets(),
         ("ec2", "DescribeInstances"): running(("g5.xlarge", 4), ("m7i.2xlarge", 8), ("inf2.xlarge", 4)),
         ("service-quotas", "GetServiceQuota"): quotas(),
         ("ec2", "DescribeVpcs"): {"Vpcs": [{"VpcId": "vpc-0aaaaaaaaaaaaaaa1"}]},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -108,18 +109,63 @@ def bootstrap(account: Account) -> list[Result]:
     return [Result("PASS", "CDK bootstrap", f"version {version} (needs {needed})")]
 
 
-def deployed_stack(account: Account) -> list[Result]:
-    """Whether this stack is already deployed here, and in which GPU AZ: no line of its own."""
+def is_deployed(status: str) -> bool:
+    """Whether a stack in this status holds its resources, so that the next deploy updates them.
+
+    The pinned CLI deletes a stack whose create failed (ROLLBACK_COMPLETE, ROLLBACK_FAILED) and
+    creates it again; it creates over REVIEW_IN_PROGRESS and DELETE_IN_PROGRESS (aws-cdk
+    lib/index.js, StackStatus.isCreationFailure and deployStack). Only a create that succeeded
+    leaves resources an update keeps: CREATE_COMPLETE, then every UPDATE_ and IMPORT_ status.
+    """
+    return status == "CREATE_COMPLETE" or status.startswith(("UPDATE_", "IMPORT_"))
+
+
+def describe_stack(client: Any) -> dict[str, Any] | None:
+    """This stack as DescribeStacks has it, or None when there is none."""
     try:
-        stacks = account.client("cloudformation").describe_stacks(StackName=STACK_NAME)["Stacks"]
+        stacks: list[dict[str, Any]] = client.describe_stacks(StackName=STACK_NAME)["Stacks"]
     except ClientError as err:
         if error_code(err) == "ValidationError":
-            return []
+            return None
         raise
-    account.deployed = True
-    outputs = {o["OutputKey"]: o.get("OutputValue") for o in stacks[0].get("Outputs", [])}
-    account.deployed_az = outputs.get("GpuNodeAvailabilityZone")
-    return []
+    return stacks[0]
+
+
+def stack_outputs(stack: dict[str, Any]) -> dict[str, str | None]:
+    return {o["OutputKey"]: o.get("OutputValue") for o in stack.get("Outputs", [])}
+
+
+def deployed_stack(account: Account) -> list[Result]:
+    """Whether this stack is deployed here, and in which GPU AZ; a line only when it is there but not deployed."""
+    stack = describe_stack(account.client("cloudformation"))
+    if stack is None:
+        return []
+    status = str(stack["StackStatus"])
+    if is_deployed(status):
+        account.deployed = True
+        account.deployed_az = stack_outputs(stack).get("GpuNodeAvailabilityZone")
+        return []
+    region = f"--stack-name {STACK_NAME} --region {account.region}"
+    counted = "counted as not deployed: the next deploy creates every resource, and the checks below count them"
+    if status == "DELETE_FAILED":
+        return [
+            Result(
+                "FAIL",
+                "deployed stack",
+                f"{STACK_NAME} is DELETE_FAILED: CloudFormation updates it no more; {counted}",
+                f"aws cloudformation describe-stack-events {region}, remove what blocks the delete, then "
+                f"aws cloudformation delete-stack {region}",
+            )
+        ]
+    why = "its create failed; the next deploy deletes it first" if status.startswith("ROLLBACK_") else "not deployed"
+    return [
+        Result(
+            "WARN",
+            "deployed stack",
+            f"{STACK_NAME} is {status} ({why}); {counted}",
+            f"aws cloudformation describe-stack-events {region} (why it stopped)",
+        )
+    ]
 
 
 # --- EKS and instance types ----------------------------------------------------------

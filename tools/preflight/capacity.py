@@ -53,6 +53,9 @@ def efa(account: Account) -> list[Result]:
     return [Result("PASS", "EFA", detail)]
 
 
+LINUX = "Linux/UNIX"
+
+
 def capacity_reservation(account: Account) -> list[Result]:
     settings = account.settings
     reservation_id = settings.gpu_capacity_reservation_id
@@ -76,8 +79,20 @@ def capacity_reservation(account: Account) -> list[Result]:
         problems.append(f"AZ {r['AvailabilityZone']}, not gpu_availability_zone {wanted_az}")
     if r.get("Tenancy", "default") != "default":
         problems.append(f"tenancy {r['Tenancy']} (the node group launches default tenancy)")
-    if r["AvailableInstanceCount"] < settings.gpu_nodes:
-        problems.append(f"{r['AvailableInstanceCount']} available of the {settings.gpu_nodes} the GPU nodes need")
+    # The AL2023 NVIDIA AMI is Linux/UNIX: a reservation for another platform never matches its instances.
+    if r.get("InstancePlatform", LINUX) != LINUX:
+        problems.append(f"platform {r['InstancePlatform']} (the nodes run {LINUX})")
+    # Only instances launched into that cluster placement group use it (EC2 user guide, cr-cpg);
+    # the stack launches into a placement group of its own, or none.
+    if r.get("PlacementGroupArn"):
+        problems.append(f"it is for the cluster placement group {r['PlacementGroupArn']}, which the nodes never join")
+    available, total = r.get("AvailableInstanceCount", 0), r.get("TotalInstanceCount", 0)
+    if account.deployed:
+        # AvailableInstanceCount leaves out the running instances, the stack's own GPU nodes among them.
+        if total < settings.gpu_nodes:
+            problems.append(f"{total} in all, fewer than the {settings.gpu_nodes} GPU nodes")
+    elif available < settings.gpu_nodes:
+        problems.append(f"{available} available of the {settings.gpu_nodes} the GPU nodes need")
     if problems:
         return [
             Result(
@@ -87,7 +102,12 @@ def capacity_reservation(account: Account) -> list[Result]:
                 "fix the reservation, or -c gpu_capacity_reservation_id=none",
             )
         ]
-    detail = f"{reservation_id}: active, {r['AvailableInstanceCount']} x {r['InstanceType']} in {r['AvailabilityZone']}"
+    detail = f"{reservation_id}: active, {available} x {r['InstanceType']} in {r['AvailabilityZone']}"
+    if account.deployed:
+        detail = (
+            f"{reservation_id}: active, {total} x {r['InstanceType']} in {r['AvailabilityZone']}, {available} not "
+            f"running; the deployed GPU nodes are counted among the rest"
+        )
     end = r.get("EndDate")
     if end is not None and end - datetime.now(UTC) < timedelta(days=7):
         return [Result("WARN", "capacity reservation", f"{detail}; it ends {end:%Y-%m-%d %H:%M} UTC")]

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from tools.preflight.base import STACK_NAME, Account, error_code
+from tools.preflight.account import describe_stack, is_deployed, stack_outputs
+from tools.preflight.base import STACK_NAME, Account
 
 REPLACE_FLAG = "--replace-deployed-cluster"
 
@@ -19,14 +18,10 @@ class RefusedError(Exception):
 
 def _deployed_az(account: Account, region: str) -> str | bool | None:
     """The GPU AZ of this stack deployed in `region`; False when it is not deployed there."""
-    try:
-        stacks = account.session.client("cloudformation", region_name=region).describe_stacks(StackName=STACK_NAME)
-    except ClientError as err:
-        if error_code(err) == "ValidationError":
-            return False
-        raise
-    outputs = {o["OutputKey"]: o.get("OutputValue") for o in stacks["Stacks"][0].get("Outputs", [])}
-    return outputs.get("GpuNodeAvailabilityZone")
+    stack = describe_stack(account.session.client("cloudformation", region_name=region))
+    if stack is None or not is_deployed(str(stack["StackStatus"])):
+        return False
+    return stack_outputs(stack).get("GpuNodeAvailabilityZone")
 
 
 def write_context(account: Account, path: Path, *, replace_deployed: bool = False) -> dict[str, Any]:
