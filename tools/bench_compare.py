@@ -7,10 +7,19 @@ Each folder is what `tools.bench` writes: results.csv, one vLLM result per
 point (run-<prompt>-<concurrency>.json, with every request's TTFT and
 inter-token latencies) and metadata.json (the serving mode read from the live
 RayService). Goodput is the requests per second that met both SLOs: TTFT at
-most --ttft-slo-ms and a mean inter-token latency at most --itl-slo-ms (the
+most --ttft-slo-ms and a time per output token at most --itl-slo-ms (the
 defaults, 2 s and 100 ms, are common interactive-chat targets; set your own).
-A side wins a point when its goodput is more than --margin above the other's
-(output throughput decides where neither met the SLOs at all).
+A request's time per output token is (end - first token) / (tokens - 1): Ray's
+stream batching moves when the client sees a token, not that sum, so it means
+what it says; the client's single gaps (mostly 0, p99 about the batching
+interval) do not, and are shown only beside the engine's own ITL.
+
+A side wins a point only when its goodput is more than --margin above the
+other's and the two 95% bootstrap intervals (requests resampled) do not
+overlap; where they overlap the point says "no difference shown", with the
+request counts. Where neither side met the SLOs, the median end-to-end latency
+decides, by the same rule. A point with fewer than MIN_REQUESTS requests on a
+side gets no verdict.
 """
 
 from __future__ import annotations
@@ -24,18 +33,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 DEFAULT_TTFT_SLO_MS = 2000.0
 DEFAULT_ITL_SLO_MS = 100.0
 DEFAULT_MARGIN = 0.05
+# Below this many requests on a side, a point gets no verdict at all.
+MIN_REQUESTS = 4
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
 # (results.csv column, label) per panel of the chart and per column of the table.
 METRICS = (
     ("median_ttft_ms", "TTFT p50 (ms)"),
     ("p99_ttft_ms", "TTFT p99 (ms)"),
-    ("median_itl_ms", "ITL p50 (ms)"),
-    ("p99_itl_ms", "ITL p99 (ms)"),
+    ("engine_median_itl_ms", "engine ITL p50 (ms)"),
+    ("engine_p99_itl_ms", "engine ITL p99 (ms)"),
+    ("median_tpot_ms", "TPOT p50 (ms)"),
+    ("median_itl_ms", "client ITL p50 (ms, Ray batches)"),
     ("output_throughput", "output tok/s"),
     ("goodput", "goodput (req/s)"),
 )
+# Per point, from the per-request detail: each a value and its bootstrap interval (_lo, _hi).
+INTERVALS = ("goodput", "median_ttft_s", "p99_ttft_s", "median_e2el_s")
 
 
 @dataclass(frozen=True)
@@ -45,19 +64,74 @@ class ResultSet:
     points: dict[tuple[int, int], dict[str, float | None]]
 
 
-def goodput(result: Mapping[str, Any], ttft_slo_ms: float, itl_slo_ms: float) -> float | None:
-    """Requests per second that met both SLOs, from vLLM's per-request detail; None without it."""
+@dataclass(frozen=True)
+class Requests:
+    """One point's requests, from vLLM's --save-detailed result (seconds)."""
+
+    ok: tuple[bool, ...]  # no error
+    ttft: tuple[float, ...]
+    tpot: tuple[float, ...]  # (end - first token) / (tokens - 1)
+    e2el: tuple[float, ...]
+    duration: float
+
+    def good(self, ttft_slo_ms: float, itl_slo_ms: float) -> np.ndarray:
+        ttft, tpot = np.array(self.ttft), np.array(self.tpot)
+        return np.array(self.ok) & (ttft * 1e3 <= ttft_slo_ms) & (tpot * 1e3 <= itl_slo_ms)
+
+
+def requests_of(result: Mapping[str, Any]) -> Requests | None:
     ttfts, itls, duration = result.get("ttfts"), result.get("itls"), result.get("duration")
     if ttfts is None or itls is None or not duration:
         return None
     # A failed request carries an error and a zero TTFT: it never counts.
     errors = result.get("errors") or [""] * len(ttfts)
-    good = 0
-    for ttft, gaps, error in zip(ttfts, itls, errors, strict=False):
-        mean_itl = sum(gaps) / len(gaps) if gaps else 0.0
-        if not error and ttft is not None and ttft * 1e3 <= ttft_slo_ms and mean_itl * 1e3 <= itl_slo_ms:
-            good += 1
-    return good / float(duration)
+    lens = result.get("output_lens") or [len(gaps) + 1 for gaps in itls]
+    ok, ttft, tpot, e2el = [], [], [], []
+    for first, gaps, error, tokens in zip(ttfts, itls, errors, lens, strict=False):
+        decode = sum(gaps)
+        ok.append(not error and first is not None)
+        ttft.append(first or 0.0)
+        # Tokens, not gaps: Ray may put several tokens in one streamed message.
+        tpot.append(decode / (tokens - 1) if tokens and tokens > 1 else 0.0)
+        e2el.append((first or 0.0) + decode)
+    return Requests(tuple(ok), tuple(ttft), tuple(tpot), tuple(e2el), float(duration))
+
+
+def goodput(result: Mapping[str, Any], ttft_slo_ms: float, itl_slo_ms: float) -> float | None:
+    """Requests per second that met both SLOs, from vLLM's per-request detail; None without it."""
+    requests = requests_of(result)
+    if requests is None:
+        return None
+    return float(requests.good(ttft_slo_ms, itl_slo_ms).sum()) / requests.duration
+
+
+def intervals(
+    requests: Requests, ttft_slo_ms: float, itl_slo_ms: float, *, resamples: int = BOOTSTRAP_RESAMPLES
+) -> dict[str, float | None]:
+    """Goodput and the latency percentiles, each with a percentile-bootstrap interval (requests resampled)."""
+    rng = np.random.default_rng(0)  # the same data always gives the same verdict
+    good = requests.good(ttft_slo_ms, itl_slo_ms).astype(float)
+    ok = np.array(requests.ok)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    found: dict[str, float | None] = {"requests": float(len(good))}
+    idx = rng.integers(0, len(good), size=(resamples, len(good))) if len(good) else None
+    found["goodput"] = float(good.sum()) / requests.duration
+    if idx is not None:
+        lo, hi = np.percentile(good[idx].sum(axis=1) / requests.duration, [tail, 100 - tail])
+        found["goodput_lo"], found["goodput_hi"] = float(lo), float(hi)
+    served = {"ttft": np.array(requests.ttft)[ok], "e2el": np.array(requests.e2el)[ok]}
+    for name, values, q in (
+        ("median_ttft_s", served["ttft"], 50),
+        ("p99_ttft_s", served["ttft"], 99),
+        ("median_e2el_s", served["e2el"], 50),
+    ):
+        if not len(values):
+            continue
+        found[name] = float(np.percentile(values, q))
+        sample = values[rng.integers(0, len(values), size=(resamples, len(values)))]
+        lo, hi = np.percentile(np.percentile(sample, q, axis=1), [tail, 100 - tail])
+        found[f"{name}_lo"], found[f"{name}_hi"] = float(lo), float(hi)
+    return found
 
 
 def _number(text: str | None) -> float | None:
@@ -74,26 +148,47 @@ def load(folder: Path, ttft_slo_ms: float, itl_slo_ms: float) -> ResultSet:
             key = (int(row["input_len"]), int(row["concurrency"]))
             values = {name: _number(row.get(name)) for name, _ in METRICS if name != "goodput"}
             run = folder / f"run-{key[0]}-{key[1]}.json"
-            values["goodput"] = goodput(json.loads(run.read_text()), ttft_slo_ms, itl_slo_ms) if run.exists() else None
+            requests = requests_of(json.loads(run.read_text())) if run.exists() else None
+            values["goodput"] = None
+            if requests is not None:
+                values.update(intervals(requests, ttft_slo_ms, itl_slo_ms))
             points[key] = values
     return ResultSet(label, points)
 
 
 def winner(a: Mapping[str, float | None], b: Mapping[str, float | None], margin: float) -> str:
-    """'a', 'b' or 'tie' for one point: goodput, or output throughput where neither met the SLOs."""
-    field = "goodput" if (a.get("goodput") or b.get("goodput")) else "output_throughput"
-    va, vb = a.get(field) or 0.0, b.get(field) or 0.0
-    if va > vb * (1 + margin):
-        return "a"
-    if vb > va * (1 + margin):
-        return "b"
-    return "tie"
+    """One point: 'a' or 'b' (better by more than the margin, intervals apart), 'tie' (within the
+    margin), 'unshown' (the intervals overlap, or no per-request detail) or 'few' (too few requests).
+
+    Goodput decides (higher is better); where neither side met the SLOs, the median end-to-end
+    latency (lower is better)."""
+    if min(a.get("requests") or 0, b.get("requests") or 0) < MIN_REQUESTS:
+        return "few"
+    field, sign = ("goodput", 1.0) if (a.get("goodput") or b.get("goodput")) else ("median_e2el_s", -1.0)
+    va, vb = a.get(field), b.get(field)
+    if va is None or vb is None:
+        return "unshown"
+    better, worse, side = (va, vb, "a") if sign * (va - vb) > 0 else (vb, va, "b")
+    # The margin: relative to the worse side (higher goodput), or to the better (lower latency).
+    if (sign > 0 and better <= worse * (1 + margin)) or (sign < 0 and better >= worse * (1 - margin)):
+        return "tie"
+    lo = {k: v.get(f"{field}_lo") for k, v in (("a", a), ("b", b))}
+    hi = {k: v.get(f"{field}_hi") for k, v in (("a", a), ("b", b))}
+    if None in (*lo.values(), *hi.values()):
+        return "unshown"
+    other = "b" if side == "a" else "a"
+    apart = lo[side] > hi[other] if sign > 0 else hi[side] < lo[other]  # type: ignore[operator]
+    return side if apart else "unshown"
+
+
+NOT_SHOWN = "no difference shown"
+TOO_FEW = "too few requests"
 
 
 def verdict(a: ResultSet, b: ResultSet, margin: float) -> tuple[dict[tuple[int, int], str], str]:
     """Each shared point's winner (a label or 'tie'), and one line saying what that means overall."""
     shared = sorted(set(a.points) & set(b.points))
-    names = {"a": a.label, "b": b.label, "tie": "tie"}
+    names = {"a": a.label, "b": b.label, "tie": "tie", "unshown": NOT_SHOWN, "few": TOO_FEW}
     per_point = {p: names[winner(a.points[p], b.points[p], margin)] for p in shared}
     wins = {label: [p for p, w in per_point.items() if w == label] for label in (a.label, b.label)}
     if not shared:
@@ -102,16 +197,25 @@ def verdict(a: ResultSet, b: ResultSet, margin: float) -> tuple[dict[tuple[int, 
         return per_point, f"{a.label} wins at every load point"
     if len(wins[b.label]) == len(shared):
         return per_point, f"{b.label} wins at every load point"
-    if not wins[a.label] and not wins[b.label]:
+
+    def count(p: tuple[int, int]) -> str:
+        return f"{a.points[p].get('requests') or 0:.0f} vs {b.points[p].get('requests') or 0:.0f} requests"
+
+    def where(points: list[tuple[int, int]], counts: bool = False) -> str:
+        return ", ".join(f"{n} tokens x {c}" + (f" ({count((n, c))})" if counts else "") for n, c in points)
+
+    groups = {kind: [p for p, won in per_point.items() if won == kind] for kind in ("tie", NOT_SHOWN, TOO_FEW)}
+    if not wins[a.label] and not wins[b.label] and len(groups["tie"]) == len(shared):
         return per_point, f"no difference beyond {margin:.0%} at any load point"
-
-    def where(points: list[tuple[int, int]]) -> str:
-        return ", ".join(f"{n} tokens x {c}" for n, c in points)
-
-    ties = [p for p, won in per_point.items() if won == "tie"]
+    if not wins[a.label] and not wins[b.label] and len(groups[NOT_SHOWN]) == len(shared):
+        return per_point, f"no difference shown at any load point: {where(shared, counts=True)}"
     parts = [f"{label} wins at {where(wins[label])}" for label in (a.label, b.label) if wins[label]]
-    if ties:
-        parts.append(f"no difference beyond {margin:.0%} at {where(ties)}")
+    if groups["tie"]:
+        parts.append(f"no difference beyond {margin:.0%} at {where(groups['tie'])}")
+    if groups[NOT_SHOWN]:
+        parts.append(f"no difference shown at {where(groups[NOT_SHOWN], counts=True)}")
+    if groups[TOO_FEW]:
+        parts.append(f"too few requests (under {MIN_REQUESTS}) at {where(groups[TOO_FEW], counts=True)}")
     return per_point, ("split: " if wins[a.label] and wins[b.label] else "") + "; ".join(parts)
 
 
@@ -132,14 +236,20 @@ def table(a: ResultSet, b: ResultSet, per_point: Mapping[tuple[int, int], str]) 
 
 
 def write_csv(a: ResultSet, b: ResultSet, per_point: Mapping[tuple[int, int], str], path: Path) -> None:
-    fields = ["input_len", "concurrency"] + [f"{side}_{name}" for name, _ in METRICS for side in ("a", "b")]
+    names = (
+        [name for name, _ in METRICS]
+        + [f"{name}{end}" for name in INTERVALS for end in ("_lo", "_hi") if name != "goodput"]
+        + ["goodput_lo", "goodput_hi", "requests"]
+        + [n for n in INTERVALS if n != "goodput"]
+    )
+    fields = ["input_len", "concurrency"] + [f"{side}_{name}" for name in names for side in ("a", "b")]
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=[*fields, "a", "b", "winner"])
         writer.writeheader()
         for (n, c), won in per_point.items():
             row: dict[str, Any] = {"input_len": n, "concurrency": c, "a": a.label, "b": b.label, "winner": won}
-            for name, _ in METRICS:
-                row[f"a_{name}"], row[f"b_{name}"] = a.points[(n, c)][name], b.points[(n, c)][name]
+            for name in names:
+                row[f"a_{name}"], row[f"b_{name}"] = a.points[(n, c)].get(name), b.points[(n, c)].get(name)
             writer.writerow(row)
 
 
@@ -151,11 +261,12 @@ def write_chart(a: ResultSet, b: ResultSet, per_point: Mapping[tuple[int, int], 
 
     points = list(per_point)
     labels = [f"{n} x{c}\n{per_point[(n, c)]}" for n, c in points]
-    figure, axes = plt.subplots(2, 3, figsize=(15, 8))
+    columns = (len(METRICS) + 1) // 2
+    figure, axes = plt.subplots(2, columns, figsize=(5 * columns, 8))
     width = 0.38
     for ax, (name, label) in zip(axes.flat, METRICS, strict=True):
         for offset, side in ((-width / 2, a), (width / 2, b)):
-            values = [side.points[p][name] or 0.0 for p in points]
+            values = [side.points[p].get(name) or 0.0 for p in points]
             ax.bar([i + offset for i in range(len(points))], values, width, label=side.label)
         ax.set_xticks(range(len(points)), labels, fontsize=8)
         ax.set_title(label)
@@ -185,7 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.label == b.label:
         a, b = ResultSet(f"{a.label} ({args.a.name})", a.points), ResultSet(f"{b.label} ({args.b.name})", b.points)
     per_point, overall = verdict(a, b, args.margin)
-    print(f"SLOs: TTFT <= {args.ttft_slo_ms:g} ms, mean inter-token latency <= {args.itl_slo_ms:g} ms")
+    print(
+        f"SLOs: TTFT <= {args.ttft_slo_ms:g} ms, time per output token <= {args.itl_slo_ms:g} ms; "
+        f"a win needs more than {args.margin:.0%} and {CONFIDENCE:.0%} bootstrap intervals apart"
+    )
     print(table(a, b, per_point))
     print(f"verdict: {overall}")
     chart = args.out or args.a / "compare.png"
