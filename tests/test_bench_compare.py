@@ -106,7 +106,7 @@ def test_tpot_counts_tokens_not_streamed_messages() -> None:
     requests = bench_compare.requests_of(
         {"duration": 1.0, "ttfts": [0.1], "itls": [[0.0, 0.6]], "output_lens": [16], "errors": [""]}
     )
-    assert requests is not None and requests.tpot == (pytest.approx(0.04),)
+    assert requests is not None and requests.tpot[0] == pytest.approx(0.04)
 
 
 # --- issue 24 item 25: the margin is honoured -----------------------------------------------------
