@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.exceptions import EndpointConnectionError
 
 from settings import catalog, settings_from_cli
 from tests.aws_fakes import Answer, FakeAws, client_error
@@ -636,6 +637,71 @@ def test_a_denied_call_warns_and_the_rest_still_run() -> None:
     line = check(results, "vCPU quotas")
     assert line.status == "WARN" and "DescribeInstances was denied" in line.detail
     assert check(results, "cluster admin").status == "PASS"
+
+
+SUBNET = "subnet-0aaaaaaaaaaaaaaa1"
+
+
+def test_a_regional_nat_gateway_has_no_subnet_and_the_zonal_ones_still_count() -> None:
+    # botocore 1.44.8: NatGateway.SubnetId is optional; AvailabilityMode is zonal or regional.
+    regional = {
+        "NatGatewayId": "nat-0bbbbbbbbbbbbbb01",
+        "VpcId": "vpc-0aaaaaaaaaaaaaaa1",
+        "State": "available",
+        "AvailabilityMode": "regional",
+        "NatGatewayAddresses": [{"AllocationId": "eipalloc-0bbbbbbbbbbbbbb01", "AvailabilityZone": "us-east-1b"}],
+    }
+    zonal = [
+        {
+            "NatGatewayId": f"nat-0aaaaaaaaaaaaaa{n:02x}",
+            "SubnetId": "subnet-0aaaaaaaaaaaaaaa1",
+            "AvailabilityMode": "zonal",
+        }
+        for n in range(5)
+    ]
+    subnets = {"Subnets": [{"SubnetId": SUBNET, "AvailabilityZone": "us-east-1b"}]}
+    answers = account(**{"ec2:DescribeSubnets": subnets})
+    answers[("ec2", "DescribeNatGateways")] = {"NatGateways": [regional]}
+    line = check(preflight(answers, *GOOD), "NAT gateways per AZ")
+    assert line.status == "PASS" and "1 regional" in line.detail, line
+    answers[("ec2", "DescribeNatGateways")] = {"NatGateways": [regional, *zonal]}
+    line = check(preflight(answers, *GOOD), "NAT gateways per AZ")
+    assert line.status == "FAIL" and "['us-east-1b']" in line.detail, line
+
+
+def test_an_unexpected_error_is_that_checks_own_fail_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # VCpuInfo is optional in DescribeInstanceTypes' answer: a KeyError in the EFA check.
+    bare = {k: v for k, v in TYPES["g6.8xlarge"].items() if k != "VCpuInfo"}
+    types = {**TYPES, "g6.8xlarge": bare}
+    answers = account(
+        **{"ec2:DescribeInstanceTypes": lambda p, _: {"InstanceTypes": [types[t] for t in p["InstanceTypes"]]}}
+    )
+    results = preflight(answers, *GOOD)
+    line = check(results, "EFA")
+    assert line.status == "FAIL" and "KeyError" in line.detail and line.fix, line
+    assert check(results, "cluster admin").status == "PASS"
+    assert main([f"-c{p}" for p in GOOD], session=FakeAws(answers)) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  EFA" in out and "PASS  cluster admin" in out and "preflight: " in out
+
+
+def test_a_network_error_is_that_checks_own_fail_line() -> None:
+    def unreachable(_: dict[str, Any], __: str) -> dict[str, Any]:
+        raise EndpointConnectionError(endpoint_url="https://ec2.us-east-1.amazonaws.com/")
+
+    results = preflight(account(**{"ec2:DescribeInstances": unreachable}), *GOOD)
+    line = check(results, "vCPU quotas")
+    assert line.status == "FAIL" and "EndpointConnectionError" in line.detail and "network" in line.fix, line
+    assert check(results, "cluster admin").status == "PASS"
+
+
+def test_no_way_to_reach_sts_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    def unreachable(_: dict[str, Any], __: str) -> dict[str, Any]:
+        raise EndpointConnectionError(endpoint_url="https://sts.us-east-1.amazonaws.com/")
+
+    assert main([f"-c{p}" for p in GOOD], session=FakeAws(account(**{"sts:GetCallerIdentity": unreachable}))) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: could not reach AWS") and "sts.us-east-1" in err[0]
 
 
 def test_the_iam_policy_allows_exactly_the_calls_preflight_makes() -> None:

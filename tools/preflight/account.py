@@ -6,10 +6,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from settings import catalog
-from tools.preflight.base import STACK_NAME, Account, CannotCheckError, Result, error_code, guarded
+from tools.preflight.base import STACK_NAME, Account, CannotCheckError, Result, error_code, first_line, guarded
 
 # The CLI's own bootstrap template: `cdk bootstrap` with the pinned CLI installs this version.
 CLI_BOOTSTRAP_TEMPLATE = (
@@ -43,6 +43,8 @@ def identity(account: Account) -> list[Result]:
         raise CannotCheckError("no AWS region: set AWS_REGION or -c region=<region>") from None
     except ClientError as err:
         raise CannotCheckError(f"the AWS credentials were refused: {error_code(err)}") from None
+    except BotoCoreError as err:
+        raise CannotCheckError(f"could not reach AWS: {type(err).__name__}: {first_line(err)}") from None
     account.account_id, account.caller_arn = caller["Account"], caller["Arn"]
     results = []
     if settings.account and settings.account != account.account_id:

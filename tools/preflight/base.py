@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from settings import Settings, catalog
 
@@ -63,12 +63,16 @@ class Account:
         return self.session.client(service, region_name=self.region)
 
 
+def first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0]
+
+
 def error_code(err: ClientError) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
 
 
 def guarded(name: str, check: Callable[[Account], list[Result]]) -> Callable[[Account], list[Result]]:
-    """Run a check; an IAM denial becomes a WARN naming the action, another AWS error a FAIL."""
+    """Run a check; an IAM denial becomes a WARN naming the action; any other error that check's FAIL."""
 
     def run(account: Account) -> list[Result]:
         try:
@@ -80,6 +84,13 @@ def guarded(name: str, check: Callable[[Account], list[Result]]) -> Callable[[Ac
                 return [Result("WARN", name, denied, "attach tools/preflight/iam-policy.json")]
             message = str(err.response.get("Error", {}).get("Message", err)).splitlines()[0]
             return [Result("FAIL", name, f"{operation}: {error_code(err)}: {message}")]
+        except BotoCoreError as err:
+            unreachable = f"not checked: {type(err).__name__}: {first_line(err)}"
+            return [Result("FAIL", name, unreachable, "check the network, proxy and region, then run preflight again")]
+        except Exception as err:
+            # One check's surprise (an answer without a field it expected) must not hide the others.
+            surprise = f"not checked: preflight stopped on {type(err).__name__}: {first_line(err)}"
+            return [Result("FAIL", name, surprise, "a preflight defect: report this line")]
 
     return run
 

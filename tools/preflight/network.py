@@ -94,7 +94,12 @@ def vpc_room(account: Account) -> list[Result]:
         detail = f"{quota.name} ({quota.code}): {used} of {limit} in use; the new VPC needs {need}"
         results.append(Result(status, quota.label, detail, fix if status == "FAIL" else ""))
     live = [{"Name": "state", "Values": ["pending", "available"]}]
-    busy = [n["SubnetId"] for n in pages(ec2, "describe_nat_gateways", "NatGateways", Filters=live)]
+    gateways = list(pages(ec2, "describe_nat_gateways", "NatGateways", Filters=live))
+    # A regional NAT gateway (AvailabilityMode regional) has no subnet and spans the VPC's AZs.
+    # Whether it counts against the per-AZ quota is not in the quota table: it is not counted, but said.
+    busy = [n["SubnetId"] for n in gateways if n.get("SubnetId")]
+    regional = len(gateways) - len(busy)
+    also = f"; {regional} regional NAT gateway(s) not counted per AZ" if regional else ""
     per_az: dict[str, int] = {}
     if busy:
         for subnet in pages(ec2, "describe_subnets", "Subnets", SubnetIds=sorted(set(busy))):
@@ -108,13 +113,15 @@ def vpc_room(account: Account) -> list[Result]:
             Result(
                 "FAIL" if account.chosen_az in full or settings.gpu_availability_zone in full else "WARN",
                 quota.label,
-                f"{limit} per AZ already used in {full}; the new VPC adds one NAT gateway in each of its AZs",
+                f"{limit} per AZ already used in {full}; the new VPC adds one NAT gateway in each of its AZs{also}",
                 f"aws service-quotas request-service-quota-increase --service-code vpc --quota-code {quota.code} "
                 f"--desired-value {limit + 1}",
             )
         )
     else:
         results.append(
-            Result("PASS", quota.label, f"{quota.name} ({quota.code}): room for one more in every AZ (limit {limit})")
+            Result(
+                "PASS", quota.label, f"{quota.name} ({quota.code}): room for one more in every AZ (limit {limit}){also}"
+            )
         )
     return results
