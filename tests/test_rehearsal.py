@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from rehearsal import native
-from rehearsal.run import CPU_DELTAS, cpu_serve_config, kuberay_auth_env, kuberay_headers, product_worker_env
+from rehearsal.deploy import CPU_DELTAS, cpu_serve_config, kuberay_auth_env, kuberay_headers, product_worker_env
 from tests.conftest import shared_file
 
 

@@ -1,0 +1,68 @@
+"""The cases: what each changes in the product before Ray starts, and the phases it runs on the deployed app.
+
+- CASE_SETTINGS: the product's settings for a case, as a user would set them (the stack is
+  synthesized with them).
+- CASE_CHANGES: what a failure case breaks, on the CPU serve config or the Ray processes'
+  environment (rehearsal.context.Setup), after the CPU deltas.
+- CASE_PHASES: what a passing case runs, in order, against its one deployed app
+  (rehearsal.context.Phase). A phase whose checks fail ends the case, so the bench comes last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rehearsal import checks
+from rehearsal.context import Phase, Setup
+from rehearsal.network import RehearsalError
+
+CASE_NAMES = ("pd", "aggregated", "ucx", "wrong-side-channel", "no-plugin")
+# The cases that deploy the product in another serving mode (a setting, as a user would set it).
+CASE_SETTINGS: dict[str, dict[str, str]] = {"aggregated": {"serving_mode": "aggregated"}}
+
+
+def _ucx(setup: Setup) -> None:
+    args = setup.config["applications"][0]["args"]
+    for side in ("prefill", "decode"):
+        kv = args[f"{side}_config"]["engine_kwargs"]["kv_transfer_config"]
+        kv["kv_connector_extra_config"]["backends"] = ["UCX"]
+
+
+def _wrong_side_channel(setup: Setup) -> None:
+    # Prefill advertises a side-channel host decode cannot reach (ray-project/ray#60817):
+    # its own loopback, which on decode's node is decode's loopback.
+    args = setup.config["applications"][0]["args"]
+    env_vars = args["prefill_config"].setdefault("runtime_env", {}).setdefault("env_vars", {})
+    env_vars["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+
+
+def _no_plugin(setup: Setup) -> None:
+    # NIXL's LIBFABRIC plugin cannot find libfabric.so.1.
+    dirs = setup.env["LD_LIBRARY_PATH"].split(":")
+    setup.env["LD_LIBRARY_PATH"] = ":".join(d for d in dirs if d != setup.libs.libfabric_dir)
+
+
+# The failure cases: each breaks one thing the product relies on.
+CASE_CHANGES: dict[str, Callable[[Setup], None]] = {
+    "ucx": _ucx,
+    "wrong-side-channel": _wrong_side_channel,
+    "no-plugin": _no_plugin,
+}
+
+CASE_PHASES: dict[str, tuple[Phase, ...]] = {
+    "pd": (checks.verify_checks, checks.bench),
+    "aggregated": (checks.verify_checks, checks.bench),
+}
+
+
+def apply_case(setup: Setup) -> None:
+    if setup.case not in CASE_NAMES:
+        raise RehearsalError(f"unknown case {setup.case!r}")
+    change = CASE_CHANGES.get(setup.case)
+    if change is not None:
+        change(setup)
+
+
+def phases(case: str) -> tuple[Phase, ...]:
+    """A failure case that deploys after all runs verify's checks, which must then find what is wrong."""
+    return CASE_PHASES.get(case, (checks.verify_checks,))

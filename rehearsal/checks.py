@@ -1,0 +1,162 @@
+"""The checks: the dashboard's token refusals, verify's own checks on the deployed app, and bench."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from rehearsal.cluster import ray_logs
+from rehearsal.context import Context
+from rehearsal.deploy import kuberay_headers
+from rehearsal.network import DASHBOARD, DECODE_METRICS, PREFILL_METRICS, SERVE, http, metrics_text, status_of
+
+ROOT = Path(__file__).resolve().parent.parent
+# libfabric's provider here: no EFA device, so verify expects tcp instead of efa.
+EXPECTED_PROVIDER = "tcp"
+BENCH_POINTS = ((128, 1), (512, 2))
+BENCH_OUTPUT_LEN = 16
+BENCH_PROMPTS = 4
+
+
+def auth_checks(config: dict[str, Any], env: dict[str, str]) -> list[Any]:
+    """With token authentication on: a deploy or a job without the token is refused (401), a wrong token too (403)."""
+    from tools.verify import Check
+
+    if not kuberay_headers(env):
+        return []
+    job = {"entrypoint": "python -c 'print(1)'"}
+    wrong = {"x-ray-authorization": f"Bearer {secrets.token_hex(32)}"}
+    found = []
+    for name, url, body, method, headers, expected in (
+        ("a deploy without the token is refused", "/api/serve/applications/", config, "PUT", {}, 401),
+        ("a job without the token is refused", "/api/jobs/", job, "POST", {}, 401),
+        ("a job with a wrong token is refused", "/api/jobs/", job, "POST", wrong, 403),
+    ):
+        status = status_of(f"{DASHBOARD}{url}", body, method, headers)
+        found.append(Check(f"dashboard: {name}", status == expected, f"HTTP {status} (expected {expected})"))
+    return found
+
+
+def all_prompt_tokens() -> float | None:
+    """Both nodes' prompt-token counters summed; None before either exports one."""
+    from tools.cluster_access import PROMPT_TOKENS, metric_total
+
+    found = [metric_total(metrics_text(url), PROMPT_TOKENS) for url in (PREFILL_METRICS, DECODE_METRICS)]
+    present = [value for value in found if value is not None]
+    return sum(present) if present else None
+
+
+def verify_checks(ctx: Context) -> list[Any]:
+    """verify's own checks, on the P/D app or (aggregated) on the aggregated one."""
+    from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, http_json, metric_total
+    from tools.verify import (
+        Check,
+        chat_check,
+        grew,
+        guard,
+        metrics_check,
+        models_check,
+        nixl_log_findings,
+        no_nixl_check,
+        poll,
+        poll_until_grown,
+        prefill_check,
+        served_check,
+    )
+
+    def decode_counters() -> NixlSnapshot:
+        return NixlSnapshot.of(metrics_text(DECODE_METRICS))
+
+    def prefill_tokens() -> float | None:
+        return metric_total(metrics_text(PREFILL_METRICS), PROMPT_TOKENS)
+
+    def api() -> list[Any]:
+        """The endpoint's two calls; only after every counter's baseline is taken."""
+        return [
+            guard(
+                "GET /v1/models", lambda: models_check(http_json(f"{ctx.serve}/v1/models", timeout=120), ctx.model_id)
+            ),
+            guard("POST /v1/chat/completions", lambda: chat_check(ctx.serve, ctx.model_id)),
+        ]
+
+    if ctx.aggregated:
+        # The same checks `verify` makes in aggregated mode: a replica served it, and no NIXL anywhere.
+        tokens_before = all_prompt_tokens()
+        checks = api()
+        checks.append(served_check(tokens_before, poll(all_prompt_tokens, grew(tokens_before))))
+        node_metrics = {"node A": metrics_text(PREFILL_METRICS), "node B": metrics_text(DECODE_METRICS)}
+        checks.append(no_nixl_check(node_metrics, {"Ray and engine logs": ray_logs(ctx.temp_dir)}))
+        ctx.metrics.update(prompt_tokens_before=tokens_before, prompt_tokens_after=all_prompt_tokens())
+        return checks
+
+    before = decode_counters()
+    # Decode's pre-warm already went through prefill: wait for Ray to export that, so that only
+    # the chat below can make prefill's count grow.
+    prompt_before = poll(prefill_tokens, lambda value: value is not None)
+    checks = api()
+    after = poll_until_grown(decode_counters, before)
+    checks.append(metrics_check(before, after))
+    checks.append(prefill_check(prompt_before, poll(prefill_tokens, grew(prompt_before))))
+    text = ray_logs(ctx.temp_dir)
+    findings = nixl_log_findings(text, EXPECTED_PROVIDER)
+    checks.insert(0, Check("NIXL LIBFABRIC backend, no fallback", not findings.problems, "; ".join(findings.problems)))
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if any(k in line for k in ("was instantiated", "rails using provider", "Skipping backend", "TCP fallback"))
+    ]
+    ctx.log_lines.extend(sorted(set(lines))[:12])
+    ctx.metrics.update(transfers_before=before.transfers, transfers_after=after.transfers, failed=after.failed)
+    return checks
+
+
+def bench(ctx: Context) -> list[Any]:
+    """tools.bench's own sweep, at two small load points: results.csv, results.png and metadata.json in results/.
+
+    No checks of its own: a bench that cannot run raises, and the case fails."""
+    if ctx.results is not None:
+        short_bench(ctx.model_id, ctx.model_dir, ctx.results, ctx.headers, ctx.aggregated)
+    return []
+
+
+def short_bench(model_id: str, model_dir: Path, out: Path, headers: dict[str, str], aggregated: bool) -> None:
+    from tools import bench as tools_bench
+    from tools.cluster_access import NixlSnapshot
+    from tools.verify import grew, poll, poll_until_grown
+
+    def snapshot() -> NixlSnapshot:
+        return NixlSnapshot.of(metrics_text(DECODE_METRICS))
+
+    out.mkdir(parents=True, exist_ok=True)
+    # Labelled from the live application, as bench labels a deployment from the live RayService.
+    live = http(f"{DASHBOARD}/api/serve/applications/", headers=headers)
+    deployed = [app["deployed_app_config"] for app in live["applications"].values()]
+    metadata = {
+        "source": "the rehearsal's live Serve application",
+        **tools_bench.describe_serve_config({"applications": deployed}),
+    }
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=2))
+    rows = []
+    for input_len, concurrency in BENCH_POINTS:
+        point = tools_bench.Point(input_len, concurrency)
+        name = f"run-{input_len}-{concurrency}.json"
+        before, tokens_before = snapshot(), all_prompt_tokens()
+        command = tools_bench.bench_command(
+            base_url=SERVE, model=model_id, point=point, output_len=BENCH_OUTPUT_LEN, num_prompts=BENCH_PROMPTS,
+            result_dir=out, result_file=name, tokenizer=str(model_dir),
+        )  # fmt: skip
+        subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True)
+        # Ray exports counters every 10 s: wait for this point's requests before the next point.
+        if aggregated:
+            poll(all_prompt_tokens, grew(tokens_before))
+            after = snapshot()
+        else:
+            after = poll_until_grown(snapshot, before)
+        rows.append(tools_bench.row(point, json.loads((out / name).read_text()), before, after))
+    tools_bench.write_csv(rows, out / "results.csv")
+    mode = metadata["serving_mode"]
+    tools_bench.write_chart(rows, out / "results.png", f"CPU rehearsal: {model_id} (tiny stand-in), {mode}")
+    print(f"bench ({mode}): {out / 'results.csv'}, {out / 'results.png'}")

@@ -1,0 +1,125 @@
+"""Two network namespaces joined by a veth pair, as the prefill and decode pods are on two nodes.
+
+libfabric's tcp provider refuses the loopback interface, an address of one node is
+remote to the other, and no traffic leaves the sandbox. Also the addresses the
+rehearsal reaches inside them, and its small HTTP client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from serve_config import SERVE_PORT
+from tools.cluster_access import RAY_METRICS_PORT
+
+# Node A (this namespace): the Ray head and prefill. Node B (a second namespace): decode.
+HEAD_IP, HEAD_IFACE = "10.99.0.1", "rh0"
+WORKER_IP, WORKER_IFACE = "10.99.0.2", "rh1"
+DASHBOARD = f"http://{HEAD_IP}:8265"
+SERVE = f"http://{HEAD_IP}:{SERVE_PORT}"
+# Each node exports its own processes' metrics, as each pod does on EKS.
+PREFILL_METRICS = f"http://{HEAD_IP}:{RAY_METRICS_PORT}/metrics"
+DECODE_METRICS = f"http://{WORKER_IP}:{RAY_METRICS_PORT}/metrics"
+IN_NAMESPACE = "PD_REHEARSAL_IN_NETNS"
+
+
+class RehearsalError(RuntimeError):
+    """One line saying what failed."""
+
+
+def in_namespace(argv: list[str]) -> int:
+    """Run `rehearsal.run` again inside a new network namespace (node A); its exit code."""
+    command = ["unshare", "--net"]
+    if os.geteuid() != 0:
+        command.append("--map-root-user")
+    env = {**os.environ, IN_NAMESPACE: "1"}
+    return subprocess.run([*command, sys.executable, "-m", "rehearsal.run", *argv], env=env, check=False).returncode
+
+
+@dataclass
+class Nodes:
+    """Node A is this namespace (Ray head, prefill); node B a second one (decode), held open by a sleeper."""
+
+    holder: subprocess.Popen[bytes]
+
+    @property
+    def node_b(self) -> list[str]:
+        """A command prefix that runs its command in node B's namespace."""
+        return ["nsenter", f"--net=/proc/{self.holder.pid}/ns/net"]
+
+
+@contextlib.contextmanager
+def two_nodes() -> Iterator[Nodes]:
+    """Two namespaces joined by a veth pair, as two pods on two nodes: every address of one is remote to the other.
+
+    Node B's holder ends with the block: left running, it would keep the output pipe of
+    `python -m rehearsal` open, and a case that failed early would hang until its timeout."""
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+    try:
+        yield _connect(holder)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _connect(holder: subprocess.Popen[bytes]) -> Nodes:
+    mine = os.readlink("/proc/self/ns/net")
+    deadline = time.monotonic() + 10
+    while os.readlink(f"/proc/{holder.pid}/ns/net") == mine:
+        if time.monotonic() > deadline:
+            raise RehearsalError("the second network namespace did not come up")
+        time.sleep(0.05)
+    nodes = Nodes(holder)
+    for command in (
+        ["ip", "link", "set", "lo", "up"],
+        ["ip", "link", "add", HEAD_IFACE, "type", "veth", "peer", "name", WORKER_IFACE],
+        ["ip", "link", "set", WORKER_IFACE, "netns", str(holder.pid)],
+        ["ip", "addr", "add", f"{HEAD_IP}/24", "dev", HEAD_IFACE],
+        ["ip", "link", "set", HEAD_IFACE, "up"],
+        [*nodes.node_b, "ip", "link", "set", "lo", "up"],
+        [*nodes.node_b, "ip", "addr", "add", f"{WORKER_IP}/24", "dev", WORKER_IFACE],
+        [*nodes.node_b, "ip", "link", "set", WORKER_IFACE, "up"],
+    ):
+        subprocess.run(command, check=True)
+    return nodes
+
+
+def http(
+    url: str,
+    body: Any = None,
+    method: str | None = None,
+    timeout: float = 30.0,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """One JSON call to an address inside the namespaces; its decoded answer (None when empty)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(  # noqa: S310 - an address inside our own namespace
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        text = response.read().decode()
+    return json.loads(text) if text.strip() else None
+
+
+def status_of(url: str, body: Any, method: str, headers: dict[str, str]) -> int:
+    """The HTTP status of one call (an error status is an answer here, not a failure)."""
+    try:
+        http(url, body, method=method, headers=headers)
+    except urllib.error.HTTPError as err:
+        return err.code
+    return 200
+
+
+def metrics_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - our namespaces
+        return str(response.read().decode())
