@@ -187,7 +187,7 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
         self._keys = KeyFile(keys_file)
         self._limit = RateLimit(requests_per_minute)
         limit = requests_per_minute or "no limit"
-        logger.info("API key check on (code %s, %s requests/min per key)", code_digest, limit)
+        logger.info("API key check on (code %s from %s, %s requests/min per key)", code_digest, __file__, limit)
 
     def _refusal(self, request: Request) -> Response | None:
         """None to admit the request; else the response that refuses it. Logs who called."""

@@ -17,6 +17,8 @@ EVERYTHING = {
     "model_id": "meta-llama/Llama-3.1-8B-Instruct",
     "internal_endpoint_cidrs": "10.0.0.0/8",
     "model_source": "s3://acme-models/approved/llama-3.1-8b",
+    "endpoint_api_keys_secret_name": "prod/llm-keys",
+    "endpoint_tls_certificate_arn": "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555",
 }
 
 
@@ -26,6 +28,7 @@ def builtin_objects() -> list[dict[str, Any]]:
     assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job", "Service", "NetworkPolicy"} <= {
         o["kind"] for o in objects
     }
+    assert "ray-pods-code" in {o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"}
     assert "ray-model-reader" in {o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"}
     return objects
 

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.xdist_group("placement")
 
 TOKEN = {"hf_token_secret_name": "prod/hf-token"}
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
-VARIANTS = {"defaults": {}, "token": TOKEN, "nlb": NLB, "everything": {**TOKEN, **NLB}}
+KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys"}
+VARIANTS = {"defaults": {}, "token": TOKEN, "nlb": NLB, "keys": KEYS, "everything": {**TOKEN, **NLB, **KEYS}}
 SERVICE = "pd-llm"
 
 
@@ -35,7 +36,7 @@ def _cases() -> list[Any]:
         for v in KUBERNETES_VERSIONS
     ]
     cases += [pytest.param({"kubernetes_version": v}, id=f"{v}-defaults") for v in KUBERNETES_VERSIONS]
-    cases += [pytest.param(VARIANTS[name], id=f"1.36-{name}") for name in ("token", "nlb")]
+    cases += [pytest.param(VARIANTS[name], id=f"1.36-{name}") for name in ("token", "nlb", "keys")]
     return cases
 
 

@@ -17,7 +17,10 @@ def test_synthesized_rayservice_is_valid(rayservice: dict[str, Any]) -> None:
     assert validation_errors(rayservice, shared_file(CRD)) == []
 
 
-@pytest.mark.parametrize("overrides", [{"serving_mode": "aggregated"}, {"ray_token_auth": "false"}])
+@pytest.mark.parametrize(
+    "overrides",
+    [{"serving_mode": "aggregated"}, {"ray_token_auth": "false"}, {"endpoint_api_keys_secret_name": "prod/llm-keys"}],
+)
 def test_other_modes_are_valid(overrides: dict[str, Any]) -> None:
     assert validation_errors(rayservice_from(synth(**overrides)), shared_file(CRD)) == []
 

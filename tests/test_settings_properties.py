@@ -56,6 +56,14 @@ CANDIDATES: dict[str, list[Any]] = {
         "alias/aws/secretsmanager",
     ],
     "internal_endpoint_cidrs": ["", "10.0.0.0/8", "0.0.0.0/0", "10.0.0.0/8,192.168.0.0/16", "nonsense"],
+    "endpoint_api_keys_secret_name": [None, "prod/llm-keys", "bad name!"],
+    "endpoint_api_keys_refresh_seconds": [60, 14, 3600],
+    "endpoint_rate_limit_rpm": [0, 120, -1],
+    "endpoint_tls_certificate_arn": [
+        None,
+        "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555",
+        "arn:aws:acm::1:cert",
+    ],
 }
 assert set(CANDIDATES) == set(SETTING_NAMES), "every setting needs candidates"
 
