@@ -189,6 +189,10 @@ def aggregated_llm_config(settings: Settings) -> dict[str, Any]:
     del config["engine_kwargs"]["kv_transfer_config"]
     config["engine_kwargs"].pop("max_num_batched_tokens", None)
     config.pop("experimental_configs", None)
+    # Like with like: the replicas stream to clients with decode's batching interval.
+    interval = application_data()["sides"][DECODE]["experimental_configs"].get("stream_batching_interval_ms")
+    if interval is not None:
+        config["experimental_configs"] = {"stream_batching_interval_ms": interval}
     for bundle in config["placement_group_config"]["bundles"]:
         del bundle[PREFILL]
     config["deployment_config"] = {"num_replicas": settings.gpu_nodes}
