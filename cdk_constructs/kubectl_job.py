@@ -12,6 +12,27 @@ from settings.catalog import KUBECTL_IMAGE
 SCRATCH_HOME = "/tmp"  # noqa: S108 - an emptyDir of the Job's own pod
 
 
+def _kubectl(name: str, args: Sequence[str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": KUBECTL_IMAGE,
+        # The image's entrypoint is not documented; name the binary.
+        "command": ["kubectl"],
+        "args": list(args),
+        # kubectl writes its discovery cache under $HOME; the root
+        # filesystem is read-only, so HOME is a scratch emptyDir.
+        "env": [{"name": "HOME", "value": SCRATCH_HOME}],
+        "volumeMounts": [{"name": "home", "mountPath": SCRATCH_HOME}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
 def kubectl_job(
     *,
     name_prefix: str,
@@ -19,44 +40,27 @@ def kubectl_job(
     service_account: str,
     args: Sequence[str],
     node_selector: Mapping[str, str],
+    first: Sequence[Sequence[str]] = (),
 ) -> dict[str, Any]:
     """A Job that runs `kubectl ARGS` once, as a non-root user on a read-only root filesystem.
+
+    first: kubectl commands that run before ARGS, one after another, each to
+    success (init containers: a pod's containers would run at the same time).
 
     Its name ends in a hash of its spec: a Job's pod template is immutable, so a
     changed spec under the same name would fail to apply on the next deploy. A
     new name is a new Job, and the kubectl provider prunes the old one.
     """
-    spec = {
-        "backoffLimit": 6,
-        "template": {
-            "spec": {
-                "serviceAccountName": service_account,
-                "restartPolicy": "OnFailure",
-                "nodeSelector": dict(node_selector),
-                "containers": [
-                    {
-                        "name": "kubectl",
-                        "image": KUBECTL_IMAGE,
-                        # The image's entrypoint is not documented; name the binary.
-                        "command": ["kubectl"],
-                        "args": list(args),
-                        # kubectl writes its discovery cache under $HOME; the root
-                        # filesystem is read-only, so HOME is a scratch emptyDir.
-                        "env": [{"name": "HOME", "value": SCRATCH_HOME}],
-                        "volumeMounts": [{"name": "home", "mountPath": SCRATCH_HOME}],
-                        "securityContext": {
-                            "runAsNonRoot": True,
-                            "runAsUser": 65532,
-                            "readOnlyRootFilesystem": True,
-                            "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
-                    }
-                ],
-                "volumes": [{"name": "home", "emptyDir": {}}],
-            }
-        },
+    pod: dict[str, Any] = {
+        "serviceAccountName": service_account,
+        "restartPolicy": "OnFailure",
+        "nodeSelector": dict(node_selector),
+        "containers": [_kubectl("kubectl", args)],
+        "volumes": [{"name": "home", "emptyDir": {}}],
     }
+    if first:
+        pod["initContainers"] = [_kubectl(f"kubectl-{index}", step) for index, step in enumerate(first)]
+    spec = {"backoffLimit": 6, "template": {"spec": pod}}
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
     return {
         "apiVersion": "batch/v1",

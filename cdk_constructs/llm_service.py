@@ -16,24 +16,41 @@ RECREATOR = "raycluster-recreator"
 
 
 def cluster_recreate(
-    *, namespace: str, service_name: str, config_hash: str, system_node_labels: Mapping[str, str]
+    *,
+    namespace: str,
+    service_name: str,
+    pod_labels: Mapping[str, str],
+    config_hash: str,
+    system_node_labels: Mapping[str, str],
 ) -> list[dict[str, Any]]:
-    """A ServiceAccount, a Role that may only list and delete RayClusters, and a Job named after the config hash.
+    """A ServiceAccount, a Role that may only list and delete RayClusters and pods, and a Job named after the hash.
 
     Under upgradeStrategy None, KubeRay never rolls a change of rayClusterConfig
-    out to the running cluster. The Job deletes the RayCluster of this RayService
-    that was built from another spec (its label differs); KubeRay then sees no
-    cluster and builds one from the current spec. A cluster built from the
-    current spec carries the same hash, so the first deploy deletes nothing.
+    out to the running cluster. The Job first deletes the RayCluster of this
+    RayService that was built from another spec (its label differs); KubeRay then
+    builds one from the current spec. Then it deletes the Ray pods built from
+    another spec: when the operator's version changes, KubeRay 1.7.0 rewrites the
+    live RayCluster in place, spec and labels alike, and leaves its pods as they
+    are (rayservice_controller.go, shouldUpdateCluster); deleted, they are made
+    again from the rewritten spec. In this order, an in-place rewrite before,
+    between or after the two steps leaves no pod of the old spec. A cluster and
+    pods built from the current spec carry the same hash, so the first deploy, an
+    operator upgrade alone and a serve-only change delete nothing.
+
+    pod_labels: the labels every Ray pod of this service carries (serve_config.pod_labels).
     """
-    selector = f"{ORIGINATED_FROM_LABEL}={service_name},{CLUSTER_CONFIG_LABEL}!={config_hash}"
+    stale = f"{CLUSTER_CONFIG_LABEL}!={config_hash}"
+    pods = ",".join([*(f"{k}={v}" for k, v in sorted(pod_labels.items())), "ray.io/is-ray-node=yes", stale])
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": RECREATOR, "namespace": namespace}},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": {"name": RECREATOR, "namespace": namespace},
-            "rules": [{"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete"]}],
+            "rules": [
+                {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
+            ],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -46,19 +63,25 @@ def cluster_recreate(
             name_prefix="raycluster-recreate",
             namespace=namespace,
             service_account=RECREATOR,
-            args=[
-                "delete",
-                "rayclusters.ray.io",
-                "--namespace",
-                namespace,
-                "--selector",
-                selector,
-                "--ignore-not-found",
-                "--wait=false",
-            ],
+            first=[_delete("rayclusters.ray.io", namespace, f"{ORIGINATED_FROM_LABEL}={service_name},{stale}")],
+            args=_delete("pods", namespace, pods),
             node_selector=system_node_labels,
         ),
     ]
+
+
+def ray_pod_labels(rayservice: Mapping[str, Any]) -> dict[str, str]:
+    """The labels every Ray pod of the service carries, the config hash aside (the head's, as the workers')."""
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    shared = [{k: v for k, v in t["metadata"]["labels"].items() if k != CLUSTER_CONFIG_LABEL} for t in templates]
+    if any(labels != shared[0] for labels in shared):
+        raise ValueError(f"the Ray pod templates carry different labels: {shared}")
+    return shared[0]
+
+
+def _delete(resource: str, namespace: str, selector: str) -> list[str]:
+    return ["delete", resource, "--namespace", namespace, "--selector", selector, "--ignore-not-found", "--wait=false"]
 
 
 class LlmService(Construct):
@@ -71,7 +94,7 @@ class LlmService(Construct):
             (the stack adds that dependency).
         namespace: the namespace to create for the RayService.
         rayservice: the RayService manifest (serve_config.rayservice()), labelled
-            with serve_config.CLUSTER_CONFIG_LABEL.
+            with serve_config.CLUSTER_CONFIG_LABEL, its pod templates too.
         system_node_labels: where the recreate Job runs.
 
     Attributes:
@@ -108,6 +131,7 @@ class LlmService(Construct):
         for doc in cluster_recreate(
             namespace=namespace,
             service_name=rayservice["metadata"]["name"],
+            pod_labels=ray_pod_labels(rayservice),
             config_hash=rayservice["metadata"]["labels"][CLUSTER_CONFIG_LABEL],
             system_node_labels=system_node_labels,
         ):

@@ -69,7 +69,9 @@ RAY_PODS_CODE_ANNOTATION = "pd-inference.aws/ray-pods-code"
 # the RayService's labels onto the RayCluster it creates (rayservice_controller.go,
 # constructRayClusterForRayService), so a running cluster shows which spec it was
 # built from; the recreate Job (cdk_constructs/llm_service.py) deletes one built
-# from another spec, and KubeRay builds a new one from the current spec.
+# from another spec, and KubeRay builds a new one from the current spec. Every Ray
+# pod carries it too: an operator upgrade makes KubeRay rewrite the live cluster's
+# spec and labels in place and keep its pods, which the Job then finds by theirs.
 CLUSTER_CONFIG_LABEL = "pd-inference.aws/ray-cluster-config"
 # KubeRay's label on a RayCluster made for a RayService: the RayService's name.
 ORIGINATED_FROM_LABEL = "ray.io/originated-from-cr-name"
@@ -346,16 +348,30 @@ def rayservice(
     if settings.endpoint_api_keys_secret_name is not None:
         for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in groups)):
             template["metadata"].setdefault("annotations", {})[RAY_PODS_CODE_ANNOTATION] = ray_pods_digest()
-    doc["metadata"]["labels"] = {CLUSTER_CONFIG_LABEL: cluster_config_hash(doc)}
+    config_hash = cluster_config_hash(doc)
+    doc["metadata"]["labels"] = {CLUSTER_CONFIG_LABEL: config_hash}
+    for pod_template in _pod_templates(cluster):
+        pod_template["metadata"]["labels"][CLUSTER_CONFIG_LABEL] = config_hash
     found = checks.problems(doc)
     if found:
         raise ServeConfigError("serve_config/*.yaml: " + "; ".join(found))
     return doc
 
 
+def _pod_templates(cluster: dict[str, Any]) -> list[dict[str, Any]]:
+    return [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+
+
 def cluster_config_hash(rayservice: dict[str, Any]) -> str:
-    """A short, stable hash of the RayService's rayClusterConfig (a label value)."""
-    text = json.dumps(rayservice["spec"]["rayClusterConfig"], sort_keys=True, separators=(",", ":"))
+    """A short, stable hash of the RayService's rayClusterConfig (a label value).
+
+    The label sits on the pod templates too; it enters the hash with its value
+    blanked, so the hash never depends on itself.
+    """
+    cluster = copy.deepcopy(rayservice["spec"]["rayClusterConfig"])
+    for pod_template in _pod_templates(cluster):
+        pod_template.setdefault("metadata", {}).setdefault("labels", {})[CLUSTER_CONFIG_LABEL] = ""
+    text = json.dumps(cluster, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

@@ -7,7 +7,7 @@ import subprocess
 from typing import Any
 
 import serve_config
-from cdk_constructs.llm_service import cluster_recreate
+from cdk_constructs.llm_service import cluster_recreate, ray_pod_labels
 from settings.catalog import AWS_LOAD_BALANCER_CONTROLLER, EXTERNAL_SECRETS, KUBERAY_OPERATOR
 from tests.conftest import ROOT, helm_releases, manifest_resource, manifests, only, rayservice_from, resources, synth
 from tests.helm import rendered_releases
@@ -170,18 +170,30 @@ def test_a_cluster_spec_change_makes_a_new_recreate_job() -> None:
     assert job_name(base) != job_name(resized)
 
 
-def test_recreate_job_deletes_only_a_cluster_built_from_another_spec(rayservice: dict[str, Any]) -> None:
+def test_recreate_job_deletes_only_a_cluster_and_pods_built_from_another_spec(rayservice: dict[str, Any]) -> None:
     config_hash = rayservice["metadata"]["labels"][serve_config.CLUSTER_CONFIG_LABEL]
     assert config_hash == serve_config.cluster_config_hash(rayservice)
     docs = cluster_recreate(
-        namespace="llm", service_name="pd-llm", config_hash=config_hash, system_node_labels={"role": "system"}
+        namespace="llm",
+        service_name="pd-llm",
+        pod_labels=ray_pod_labels(rayservice),
+        config_hash=config_hash,
+        system_node_labels={"role": "system"},
     )
     (job,) = [d for d in docs if d["kind"] == "Job"]
-    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    selector = args[args.index("--selector") + 1]
-    assert selector == f"ray.io/originated-from-cr-name=pd-llm,{serve_config.CLUSTER_CONFIG_LABEL}!={config_hash}"
+    pod = job["spec"]["template"]["spec"]
+    # The RayCluster first, then the pods (tests/test_cluster_recreate.py runs them through KubeRay's paths).
+    (clusters,) = [c["args"] for c in pod["initContainers"]]
+    (pods,) = [c["args"] for c in pod["containers"]]
+    assert clusters[:2] == ["delete", "rayclusters.ray.io"] and pods[:2] == ["delete", "pods"]
+    stale = f"{serve_config.CLUSTER_CONFIG_LABEL}!={config_hash}"
+    assert clusters[clusters.index("--selector") + 1] == f"ray.io/originated-from-cr-name=pd-llm,{stale}"
+    assert pods[pods.index("--selector") + 1] == f"app.kubernetes.io/name=pd-llm,ray.io/is-ray-node=yes,{stale}"
     (role,) = [d for d in docs if d["kind"] == "Role"]
-    assert role["rules"] == [{"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete"]}]
+    assert role["rules"] == [
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
+    ]
 
 
 def test_recreate_job_runs_after_the_rayservice(template: dict[str, Any]) -> None:
