@@ -84,7 +84,7 @@ def main() -> int:
     for line in warnings(settings):
         print(line, file=sys.stderr)
     print(f"Estimated cost: {cost_summary(settings)}", file=sys.stderr)
-    print(f"KV-transfer budget:\n{plan_table(settings)}", file=sys.stderr)
+    print(f"KV-transfer plan:\n{plan_table(settings)}", file=sys.stderr)
     try:
         app.synth()
     except RuntimeError as err:

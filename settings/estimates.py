@@ -1,4 +1,4 @@
-"""Estimates derived from the settings and the tables: hourly cost and the KV-transfer budget.
+"""Estimates derived from the settings and the tables: hourly cost and the KV-transfer plan.
 
 Every constant has its source beside it. These are estimates for planning,
 printed at synth; none is a measurement.
@@ -71,37 +71,48 @@ def cost_summary(s: Settings) -> str:
     return text + ")"
 
 
-# --- KV-transfer budget and whether P/D pays ---------------------------------------
+# --- The KV-transfer plan and whether P/D pays ---------------------------------------
+def _gb_per_s(bounds: tuple[float, float]) -> str:
+    return f"{bounds[0] / 1e9:g}-{bounds[1] / 1e9:g} GB/s"
+
+
 def plan_table(s: Settings) -> str:
-    """The KV-transfer budget and the per-length verdict, for `make plan` and synth (numbers from settings.sizing)."""
+    """The KV-transfer plan and the per-length verdict, for `make plan` and synth (numbers from settings.sizing)."""
     gpu = s.gpu_instance
     per_token = sizing.kv_cache_bytes_per_token(s.model)
     step = sizing.prefill_max_num_batched_tokens(s) or sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    mfu = sizing.PREFILL_MFU_RANGE
     rows = [
         f"KV cache: {per_token:,} bytes per prompt token ({s.model_id}); {s.gpu_instance_type}: "
-        f"{gpu.network_gbps:g} Gbps EFA (NIXL in vLLM at most {sizing.NIXL_IN_VLLM_BYTES_PER_S / 1e9:g} GB/s), "
-        f"one {gpu.gpu_model} at {gpu.gpu_bf16_tflops:g} BF16 TFLOPS x {sizing.PREFILL_MFU:.0%} MFU"
+        f"{gpu.network_gbps:g} Gbps EFA (NIXL in vLLM at most {_gb_per_s(sizing.NIXL_IN_VLLM_BYTES_PER_S_RANGE)}), "
+        f"one {gpu.gpu_model} at {gpu.gpu_bf16_tflops:g} BF16 TFLOPS x {mfu[0]:.0%}-{mfu[1]:.0%} MFU"
         + (
             ""
             if gpu.gpudirect_rdma
-            else f"; KV staged through pageable host memory at {sizing.PAGEABLE_COPY_BYTES_PER_S / 1e9:g} GB/s "
+            else f"; KV staged through pageable host memory at {_gb_per_s(sizing.PAGEABLE_COPY_BYTES_PER_S_RANGE)} "
             "each way (no GPUDirect RDMA)"
         ),
         f"Decode's KV cache: {sizing.kv_cache_tokens(s):,} tokens per GPU; prefill step {step} tokens "
         f"({'set on the prefill engine' if sizing.prefill_max_num_batched_tokens(s) else 'vLLM default'})",
+        "Times at the midpoints of the ranges; EFA/prefill also at both ends. agg stall: the prefill chunks that "
+        "stall every co-running decode when aggregated; P/D stall: decode's one host-to-GPU copy when split",
         f"{'prompt':>7} {'KV MB':>8} {'staging':>8} {'EFA wire':>8} {'TCP wire':>8} {'prefill':>8} {'chunks':>6} "
-        f"{'EFA/prefill':>11} {'seqs fit':>8}  P/D pays?",
+        f"{'EFA/prefill (range)':>20} {'agg stall':>10} {'P/D stall':>9} {'seqs fit':>8}  P/D pays?",
     ]
     reasons = []
     for tokens in sizing.PROMPT_LENGTHS:
         p = sizing.transfer_plan(s, tokens)
-        verdict, why = sizing.disaggregation_verdict(s, p)
+        low, high = sizing.transfer_share_range(s, tokens)
+        verdict, why = sizing.disaggregation_verdict(s, tokens)
         beyond = " (beyond max_model_len)" if tokens > s.max_model_len else ""
+        share = f"{p.efa_share:.1%} ({low * 100:.0f}-{high:.0%})"
+        stall = f"{p.aggregated_chunks}x{p.aggregated_stall_seconds * 1e3:.0f}ms"
         rows.append(
             f"{tokens:>7} {p.kv_bytes / 1e6:>8.1f} {p.staging_seconds * 1e3:>6.0f}ms "
             f"{p.efa_wire_seconds * 1e3:>6.0f}ms {p.tcp_wire_seconds * 1e3:>6.0f}ms "
             f"{p.prefill_seconds * 1e3:>6.0f}ms {p.prefill_chunks:>6} "
-            f"{p.efa_share:>11.1%} {p.decode_sequences:>8}  {verdict}{beyond}"
+            f"{share:>20} {stall:>10} {p.decode_copy_stall_seconds * 1e3:>7.0f}ms {p.decode_sequences:>8}  "
+            f"{verdict}{beyond}"
         )
         reasons.append(f"  {tokens}: {verdict}: {why}")
     rows += reasons
@@ -120,7 +131,8 @@ def plan_table(s: Settings) -> str:
     )
     rows.append(
         "Calibrated on public numbers (../shared/FACTS.md): pageable copies 5-10 GB/s, NIXL 4-5 GB/s inside "
-        "vLLM, Mooncake on A10, SageMaker HyperPod's 4k-prompt/70B guidance. Measure yours: "
+        "vLLM, Mooncake on A10, SageMaker HyperPod's 4k-prompt/70B guidance; prefill MFU 30-50% is assumed. "
+        "A verdict that differs between the ends of these ranges is printed as inconclusive. Measure yours: "
         "python -m tools.bench compare <disaggregated results> <aggregated results>"
     )
     return "\n".join(rows)

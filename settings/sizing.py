@@ -19,22 +19,28 @@ if TYPE_CHECKING:
     from settings.model import Settings
 
 # --- Public numbers the plan is calibrated on (../shared/FACTS.md) -------------------------
+# Each calibrated rate is a range: every verdict is worked out at both ends
+# (Calibration.BEST_FOR_SPLIT and WORST_FOR_SPLIT) and the midpoints are printed.
+#
 # vLLM with kv_buffer_device cpu copies KV blocks through pageable host memory,
-# synchronously: GPU to host on prefill, host to GPU on decode. Such copies run
-# at roughly 5-10 GB/s (an estimate, unmeasured); the midpoint is used.
-PAGEABLE_COPY_BYTES_PER_S = 7.5e9
+# synchronously: GPU to host on prefill, host to GPU on decode (inside
+# get_finished, so every decode on that GPU waits). Such copies run at roughly
+# 5-10 GB/s (an estimate, unmeasured).
+PAGEABLE_COPY_BYTES_PER_S_RANGE = (5e9, 10e9)
 # NIXL over EFA with GPUDirect on p5 reaches 10-12 GB/s in microbenchmarks but
 # 4-5 GB/s inside vLLM (Anyscale): the effective KV rate is capped there even
 # where the link is faster.
-NIXL_IN_VLLM_BYTES_PER_S = 4.5e9
+NIXL_IN_VLLM_BYTES_PER_S_RANGE = (4e9, 5e9)
 # One TCP flow (UCX falling back to TCP) is limited to 10 Gbps inside a cluster
 # placement group (EC2 user guide, "Amazon EC2 instance network bandwidth").
 SINGLE_FLOW_GBPS_IN_PLACEMENT_GROUP = 10.0
-# Share of peak dense BF16 tensor throughput a prefill reaches; 40% is a common
-# planning figure for one GPU (an assumption).
-PREFILL_MFU = 0.40
-# Moving the KV should cost well under the prefill it saves decode from doing.
-TRANSFER_BUDGET_SHARE = 0.25
+# Share of peak dense BF16 tensor throughput a prefill reaches on one GPU: 30-50%,
+# around the common planning figure of 40% (an assumption, unmeasured here). A
+# faster prefill makes the transfer's share larger.
+PREFILL_MFU_RANGE = (0.30, 0.50)
+# No share of the prefill is set as the transfer's budget: none has a public
+# source. The one firm bound is the prefill itself: a transfer that takes longer
+# than the prefill it spares decode is beaten by decode recomputing the prompt.
 # SageMaker HyperPod's guidance: disaggregation pays from 4k-token prompts and
 # 70B-parameter models (with 2+ requests/s and 256+ output tokens); llm-d's: not
 # for 8B models with 200/200-token traffic; Mooncake on A10 (7B, 1k prompts,
@@ -237,20 +243,45 @@ def prefill_max_num_batched_tokens(s: Settings) -> int | None:
     return min(s.max_model_len, PREFILL_STEP_CAP_TOKENS)
 
 
-def prefill_seconds(s: Settings, tokens: int) -> float:
-    """2 x parameters x tokens FLOPs at PREFILL_MFU of the GPU's dense BF16 peak.
+def prefill_seconds(s: Settings, tokens: int, mfu: float | None = None) -> float:
+    """2 x parameters x tokens FLOPs at an MFU (the midpoint of PREFILL_MFU_RANGE) of the GPU's dense BF16 peak.
 
     The attention term (quadratic in length) is left out: it makes long prompts
     slower, so every share of prefill time below is an upper bound.
     """
     flops = 2 * s.model.parameters_billion * 1e9 * tokens
-    return flops / (s.gpu_instance.gpu_bf16_tflops * 1e12 * PREFILL_MFU)
+    return flops / (s.gpu_instance.gpu_bf16_tflops * 1e12 * (MIDPOINT.prefill_mfu if mfu is None else mfu))
 
 
 # --- The KV transfer ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Calibration:
+    """One point in the calibrated ranges."""
+
+    pageable_copy_bytes_per_s: float
+    nixl_in_vllm_bytes_per_s: float
+    prefill_mfu: float
+
+
+def _mid(bounds: tuple[float, float]) -> float:
+    return (bounds[0] + bounds[1]) / 2
+
+
+MIDPOINT = Calibration(
+    _mid(PAGEABLE_COPY_BYTES_PER_S_RANGE), _mid(NIXL_IN_VLLM_BYTES_PER_S_RANGE), _mid(PREFILL_MFU_RANGE)
+)
+# The transfer's share of the prefill falls with faster copies and NIXL and rises with a faster prefill.
+BEST_FOR_SPLIT = Calibration(
+    PAGEABLE_COPY_BYTES_PER_S_RANGE[1], NIXL_IN_VLLM_BYTES_PER_S_RANGE[1], PREFILL_MFU_RANGE[0]
+)
+WORST_FOR_SPLIT = Calibration(
+    PAGEABLE_COPY_BYTES_PER_S_RANGE[0], NIXL_IN_VLLM_BYTES_PER_S_RANGE[0], PREFILL_MFU_RANGE[1]
+)
+
+
+@dataclass(frozen=True)
 class TransferPlan:
-    """One prompt length: the KV it moves, what moving it costs, and what it saves."""
+    """One prompt length: the KV it moves, what moving it costs, and what splitting buys."""
 
     prompt_tokens: int
     kv_bytes: int
@@ -259,9 +290,15 @@ class TransferPlan:
     efa_wire_seconds: float
     tcp_wire_seconds: float
     prefill_seconds: float
+    # Split: the prefill engine's steps for this prompt.
     prefill_chunks: int
-    # Aggregated: one step with a default-size prefill chunk, which every decode on that GPU waits for.
+    # Aggregated: the prompt prefills in this many default-size chunks, and each
+    # stalls every decode on that GPU for one chunk's prefill (the ITL cost splitting removes).
+    aggregated_chunks: int
     aggregated_stall_seconds: float
+    # Split: decode copies the KV host to GPU once, synchronously, stalling its
+    # decodes for that long (none with GPUDirect RDMA).
+    decode_copy_stall_seconds: float
     decode_sequences: int
 
     @property
@@ -280,52 +317,88 @@ class TransferPlan:
     def tcp_share(self) -> float:
         return self.tcp_seconds / self.prefill_seconds
 
-    @property
-    def fits_budget(self) -> bool:
-        return self.efa_share <= TRANSFER_BUDGET_SHARE
 
-
-def transfer_plan(s: Settings, prompt_tokens: int) -> TransferPlan:
+def transfer_plan(s: Settings, prompt_tokens: int, calibration: Calibration = MIDPOINT) -> TransferPlan:
     gpu = s.gpu_instance
     kv_bytes = kv_cache_bytes_per_token(s.model) * prompt_tokens
     line_bytes_per_s = gpu.network_gbps * 1e9 / 8
-    efa_bytes_per_s = min(line_bytes_per_s, NIXL_IN_VLLM_BYTES_PER_S)
+    efa_bytes_per_s = min(line_bytes_per_s, calibration.nixl_in_vllm_bytes_per_s)
     tcp_bytes_per_s = min(gpu.network_gbps, SINGLE_FLOW_GBPS_IN_PLACEMENT_GROUP) * 1e9 / 8
-    staging = 0.0 if gpu.gpudirect_rdma else 2 * kv_bytes / PAGEABLE_COPY_BYTES_PER_S
+    one_copy = 0.0 if gpu.gpudirect_rdma else kv_bytes / calibration.pageable_copy_bytes_per_s
     step = prefill_max_num_batched_tokens(s) or DEFAULT_MAX_NUM_BATCHED_TOKENS
     return TransferPlan(
         prompt_tokens=prompt_tokens,
         kv_bytes=kv_bytes,
-        staging_seconds=staging,
+        staging_seconds=2 * one_copy,
         efa_wire_seconds=kv_bytes / efa_bytes_per_s,
         tcp_wire_seconds=kv_bytes / tcp_bytes_per_s,
-        prefill_seconds=prefill_seconds(s, prompt_tokens),
+        prefill_seconds=prefill_seconds(s, prompt_tokens, calibration.prefill_mfu),
         prefill_chunks=math.ceil(prompt_tokens / step),
-        aggregated_stall_seconds=prefill_seconds(s, min(prompt_tokens, DEFAULT_MAX_NUM_BATCHED_TOKENS)),
+        aggregated_chunks=math.ceil(prompt_tokens / DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        aggregated_stall_seconds=prefill_seconds(
+            s, min(prompt_tokens, DEFAULT_MAX_NUM_BATCHED_TOKENS), calibration.prefill_mfu
+        ),
+        decode_copy_stall_seconds=one_copy,
         decode_sequences=concurrent_sequences(s, prompt_tokens),
     )
 
 
-def disaggregation_verdict(s: Settings, plan: TransferPlan) -> tuple[str, str]:
-    """('no' | 'maybe' | 'likely', why) for one prompt length."""
-    if not plan.fits_budget:
-        return "no", (
-            f"moving the KV costs {plan.efa_share:.0%} of the prefill it saves decode "
-            f"({plan.staging_seconds * 1e3:.0f} ms staging + {plan.efa_wire_seconds * 1e3:.0f} ms wire); "
-            f"TTFT grows by that much"
-        )
+def transfer_share_range(s: Settings, prompt_tokens: int) -> tuple[float, float]:
+    """The transfer's share of the prefill at both ends of the calibrated ranges (best, worst for splitting)."""
+    return (
+        transfer_plan(s, prompt_tokens, BEST_FOR_SPLIT).efa_share,
+        transfer_plan(s, prompt_tokens, WORST_FOR_SPLIT).efa_share,
+    )
+
+
+def _verdict(s: Settings, plan: TransferPlan) -> str:
+    if plan.efa_share >= 1:
+        return "no"
     if plan.prompt_tokens < MIN_PROMPT_TOKENS_THAT_PAY:
-        return "no", (
-            f"short prompts: aggregated with chunked prefill wins below {MIN_PROMPT_TOKENS_THAT_PAY} tokens "
-            "(Mooncake A10 at 1k, HyperPod)"
-        )
+        return "no"
     if s.model.parameters_billion < MIN_PARAMETERS_BILLION_THAT_PAY:
-        return "maybe", (
-            f"only under concurrent load: each aggregated prefill chunk stalls decodes "
-            f"{plan.aggregated_stall_seconds * 1e3:.0f} ms, which P/D removes; public gains start at "
+        return "maybe"
+    return "likely"
+
+
+def disaggregation_verdict(s: Settings, prompt_tokens: int) -> tuple[str, str]:
+    """('no' | 'maybe' | 'likely' | 'inconclusive', why) for one prompt length.
+
+    Worked out at both ends of the calibrated ranges: where they disagree, 'inconclusive'.
+    """
+    mid = transfer_plan(s, prompt_tokens)
+    best, worst = (transfer_plan(s, prompt_tokens, c) for c in (BEST_FOR_SPLIT, WORST_FOR_SPLIT))
+    share_range = f"{best.efa_share:.0%}-{worst.efa_share:.0%}"
+    verdicts = {_verdict(s, best), _verdict(s, worst)}
+    if len(verdicts) > 1:
+        return "inconclusive", (
+            f"moving the KV takes {share_range} of the prefill over the calibrated ranges: under 100% decode gains "
+            "from receiving it, over 100% recomputing the prompt is faster; measure it (tools.bench compare)"
+        )
+    (verdict,) = verdicts
+    if worst.efa_share >= 1:
+        return verdict, (
+            f"moving the KV takes {share_range} of the prefill: "
+            "decode would recompute the prompt faster than receive it"
+        )
+    steps = mid.aggregated_chunks
+    trade = (
+        f"split adds {mid.efa_seconds * 1e3:.0f} ms to TTFT ({share_range} of the prefill); aggregated, its prefill "
+        f"stalls every co-running decode for {steps} step{'s' if steps > 1 else ''} of "
+        f"{mid.aggregated_stall_seconds * 1e3:.0f} ms, which split replaces with one "
+        f"{mid.decode_copy_stall_seconds * 1e3:.0f} ms host-to-GPU copy on decode"
+    )
+    if verdict == "no":
+        return verdict, (
+            f"short prompts: aggregated with chunked prefill wins below {MIN_PROMPT_TOKENS_THAT_PAY} tokens "
+            f"(Mooncake A10 at 1k, HyperPod); {trade}"
+        )
+    if verdict == "maybe":
+        return verdict, (
+            f"only under concurrent load, for inter-token latency: {trade}; public gains start at "
             f"{MIN_PARAMETERS_BILLION_THAT_PAY:g}B models (HyperPod)"
         )
-    return "likely", "long prompts on a large model, with a transfer well under the prefill time"
+    return verdict, f"long prompts on a large model: {trade}"
 
 
 # --- Cold start ----------------------------------------------------------------------------------------

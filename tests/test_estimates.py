@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from settings import Settings, sizing
+from settings import Settings, catalog, sizing
 from settings.estimates import PRICE_DATE, cost_summary, hourly_cost, plan_table
 
 
@@ -17,11 +18,11 @@ def test_plan_matches_a_hand_calculation_for_the_defaults() -> None:
     Staging, pageable copies at 7.5e9 B/s: GPU->host on prefill 0.16106 s + host->GPU on decode 0.16106 s = 0.32212 s.
     EFA: 25 Gbps = 3.125e9 B/s (under NIXL's 4.5e9 in-vLLM ceiling): 0.38655 s. One TCP flow, 10 Gbps: 0.96637 s.
     Prefill: 2 x 8.19e9 x 8192 = 1.34185e14 FLOPs at 121e12 x 0.40 = 4.84e13 FLOP/s: 2.77243 s.
-    Overhead share: (0.32212 + 0.38655) / 2.77243 = 0.2556 -> over the 25% budget: P/D is not expected to pay.
-    Decode's KV cache: 22.5 GiB x 0.90 = 20.25 GiB; weights 16.38e9 B = 15.2550 GiB; decode's 2048-token step sets
-    aside 0.4 GiB non-torch + 0.52 GiB CUDA graphs + its sampler's 2048 x 4096 x 2 B + 256 x 151,936 x 10 B = 0.3779 GiB;
-    KV left 3.6972 GiB = 3.9698e9 B / 147,456 = 26,922 tokens; (8192 + 128) tokens per sequence -> 3 sequences at
-    once; (1024 + 128) -> 23.
+    Overhead share: (0.32212 + 0.38655) / 2.77243 = 0.2556 of the prefill, at the midpoints of the ranges.
+    Decode's KV cache: 22.5 GiB x 0.90 = 20.25 GiB; weights 16.38e9 B = 15.2550 GiB; decode's 2048-token step
+    sets aside 0.4 GiB non-torch + 0.52 GiB CUDA graphs + its sampler's 2048 x 4096 x 2 B + 256 x 151,936 x 10 B
+    = 0.3779 GiB; KV left 3.6972 GiB = 3.9698e9 B / 147,456 = 26,922 tokens; (8192 + 128) tokens per sequence
+    -> 3 sequences at once; (1024 + 128) -> 23.
     Prefill step: the whole 8192-token prompt in one step (1 chunk); aggregated engines keep vLLM's 2048 -> 4 chunks,
     each stalling the GPU's decodes 2 x 8.19e9 x 2048 / 4.84e13 = 0.69311 s.
     """
@@ -38,19 +39,21 @@ def test_plan_matches_a_hand_calculation_for_the_defaults() -> None:
     aggregated = sizing.transfer_plan(Settings(serving_mode="aggregated"), 8192)
     assert aggregated.prefill_chunks == 4
     assert aggregated.aggregated_stall_seconds == pytest.approx(0.69311, rel=0.05)
-    assert sizing.disaggregation_verdict(Settings(), plan)[0] == "no"
+    assert sizing.disaggregation_verdict(Settings(), 8192)[0] == "maybe"
 
 
 def test_the_verdict_follows_the_public_guidance() -> None:
-    # An L40S prefills 3x faster than an L4 over the same 25 Gbps: the transfer's share grows.
-    l40s = Settings(gpu_instance_type="g6e.8xlarge")
-    assert sizing.transfer_plan(l40s, 8192).efa_share > 0.7
-    assert sizing.disaggregation_verdict(l40s, sizing.transfer_plan(l40s, 8192))[0] == "no"
-    # A cheap transfer on a long prompt: still only "maybe" for an 8B model.
-    fast = sizing.TransferPlan(8192, 1, 0.0, 0.1, 0.2, 2.0, 1, 0.5, 3)
-    assert sizing.disaggregation_verdict(Settings(), fast)[0] == "maybe"  # 8B: public gains start at 70B
-    short = sizing.TransferPlan(1024, 1, 0.0, 0.01, 0.02, 0.3, 1, 0.3, 22)
-    assert sizing.disaggregation_verdict(Settings(), short)[0] == "no"
+    # Short prompts: aggregated with chunked prefill wins (Mooncake at 1k, HyperPod), at either end of the ranges.
+    assert sizing.disaggregation_verdict(Settings(), 1024)[0] == "no"
+    # A long prompt with a transfer well under the prefill: "maybe" for an 8B model, "likely" for 70B.
+    assert sizing.disaggregation_verdict(Settings(), 8192)[0] == "maybe"
+    big = dataclasses.replace(catalog.MODELS["Qwen/Qwen3-8B"], parameters_billion=70.0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(catalog, "MODELS", {**catalog.MODELS, "Qwen/Qwen3-8B": big})
+        assert sizing.disaggregation_verdict(Settings(), 8192)[0] == "likely"
+    # GPUDirect RDMA (p5): no staging, and decode no longer stalls for a host-to-GPU copy.
+    p5 = sizing.transfer_plan(Settings(gpu_instance_type="p5.48xlarge"), 8192)
+    assert p5.staging_seconds == 0 and p5.decode_copy_stall_seconds == 0
 
 
 def test_cold_start_matches_a_hand_calculation() -> None:
@@ -69,7 +72,7 @@ def test_cold_start_matches_a_hand_calculation() -> None:
 
 def test_the_plan_table_says_why() -> None:
     table = plan_table(Settings())
-    assert "8192: no: moving the KV costs 26% of the prefill" in table
+    assert "8192: maybe: only under concurrent load, for inter-token latency: split adds 709 ms to TTFT" in table
     assert "Calibrated on public numbers" in table and "tools.bench compare" in table
 
 
@@ -87,3 +90,48 @@ def test_cost_names_what_it_cannot_price() -> None:
 
 def test_cost_is_a_stack_output(template: dict[str, Any]) -> None:
     assert template["Outputs"]["EstimatedCostPerHour"]["Value"].startswith("~$4.65/h")
+
+
+# --- The verdict across the calibrated ranges, and both sides of the trade ----------------------------------
+def test_the_transfer_share_is_computed_at_both_ends_of_the_calibrated_ranges() -> None:
+    """Qwen3-8B on g6.8xlarge, 8192 tokens (KV 1,207,959,552 B; EFA 3.125e9 B/s, under NIXL's 4-5e9 in vLLM).
+
+    Best case for P/D: pageable copies at 10e9 B/s (0.24159 s both ways), prefill at 30% MFU
+    (1.34185e14 / 3.63e13 = 3.69655 s): (0.24159 + 0.38655) / 3.69655 = 0.16993.
+    Worst case: copies at 5e9 B/s (0.48318 s), prefill at 50% MFU (2.21794 s): (0.48318 + 0.38655) / 2.21794 = 0.39213.
+    """
+    low, high = sizing.transfer_share_range(Settings(), 8192)
+    assert low == pytest.approx(0.16993, rel=1e-3)
+    assert high == pytest.approx(0.39213, rel=1e-3)
+
+
+def test_where_the_verdict_flips_inside_the_ranges_it_says_inconclusive() -> None:
+    """g6e.8xlarge (L40S, 362 TFLOPS), 8192 tokens: moving the KV costs 50.8% of the prefill at one end of the ranges.
+
+    (0.24159 + 0.38655) / (1.34185e14 / 1.086e14 = 1.23559 s) = 0.50837, and 117.3% at the other:
+    (0.48318 + 0.38655) / 0.74135 = 1.17316, where decode would recompute the prompt faster than receive it.
+    """
+    l40s = Settings(gpu_instance_type="g6e.8xlarge")
+    verdict, why = sizing.disaggregation_verdict(l40s, 8192)
+    assert verdict == "inconclusive"
+    assert "51%-117%" in why
+    # Outside the ranges' reach the verdict is firm: an L40S's 1024-token prompt is short either way.
+    assert sizing.disaggregation_verdict(l40s, 1024)[0] == "no"
+
+
+def test_the_verdict_shows_what_pd_buys_and_rests_on_no_unsourced_budget() -> None:
+    """Defaults, 8192 tokens: aggregated, the prompt prefills in 4 chunks of 2048 tokens, each stalling every
+    co-running decode 2 x 8.19e9 x 2048 / 4.84e13 = 0.69311 s; split, decode stalls once for its host-to-GPU copy of
+    the KV, 1,207,959,552 / 7.5e9 = 0.16106 s. The transfer costs 25.6% of the prefill at the midpoints (17%-39% over
+    the ranges): once no budget stands in, the verdict is the public guidance's, "maybe" for an 8B model.
+    """
+    plan = sizing.transfer_plan(Settings(), 8192)
+    assert plan.aggregated_chunks == 4
+    assert plan.aggregated_stall_seconds == pytest.approx(0.69311, rel=1e-3)
+    assert plan.decode_copy_stall_seconds == pytest.approx(0.16106, rel=1e-3)
+    verdict, why = sizing.disaggregation_verdict(Settings(), 8192)
+    assert verdict == "maybe"
+    assert "4 steps of 693 ms" in why and "161 ms" in why and "17%-39%" in why
+    table = plan_table(Settings())
+    assert "4x693ms" in table and "17-39%" in table
+    assert "budget" not in table

@@ -1,4 +1,4 @@
-"""Print the KV-transfer budget for the settings: `python -m tools.plan [-c key=value ...]`.
+"""Print the KV-transfer plan and whether splitting pays, for the settings: `python -m tools.plan [-c key=value ...]`.
 
 The same table `cdk synth` prints; settings as on the cdk command line
 (including -c settings_file=path).
@@ -14,7 +14,7 @@ from settings.estimates import cost_summary, plan_table
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="KV-transfer budget and cost for the settings")
+    parser = argparse.ArgumentParser(description="KV-transfer plan, whether splitting pays, and cost for the settings")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     try:
