@@ -46,7 +46,7 @@ class FakeCluster:
     probe: dict[str, Any] = field(default_factory=lambda: dict(GOOD_PROBE))
     # Keys: whether the endpoint demands one, and what the Secret holds.
     require_key: bool = False
-    secret_keys: dict[str, str] = field(default_factory=lambda: {"team-a": KEY})
+    secret_keys: dict[str, str] | None = field(default_factory=lambda: {"team-a": KEY})
     now: float = 0.0
     events: list[tuple[float, int, int]] = field(default_factory=list)
     calls: list[tuple[str, ...]] = field(default_factory=list)
@@ -100,6 +100,10 @@ class FakeCluster:
         if args[:2] == ("get", "--raw"):
             return self._metrics(args[2].split("/pods/")[1].split(":")[0])
         if args[:2] == ("get", "secret"):
+            if self.secret_keys is None:
+                raise RuntimeError(
+                    f'kubectl {" ".join(args)}: Error from server (NotFound): secrets "{args[4]}" not found'
+                )
             return base64.b64encode(json.dumps(self.secret_keys).encode()).decode()
         if args[0] == "exec":
             command = args[args.index("--") + 1 :]

@@ -20,7 +20,7 @@ def _interval_ray_uses(llm_config: dict[str, Any]) -> float:
     from ray.serve.llm import LLMConfig
 
     config = LLMConfig.model_validate(llm_config)
-    interval: float = LLMServer._get_batch_interval_ms(SimpleNamespace(_llm_config=config))  # type: ignore[arg-type]
+    interval: float = LLMServer._get_batch_interval_ms(SimpleNamespace(_llm_config=config))
     return interval
 
 

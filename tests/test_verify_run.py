@@ -137,6 +137,15 @@ def test_with_keys_off_verify_sends_none_and_reads_no_secret(monkeypatch: pytest
     assert not [a for a in cluster.calls if a[:2] == ("get", "secret")]
 
 
+def test_without_a_readable_secret_verify_says_so_in_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    install(monkeypatch, FakeCluster(require_key=True, secret_keys=None))
+    checks = _by_name(verify.run_checks(_keyed(Settings())))
+    assert "NotFound" in checks["an endpoint key to send"].detail and not checks["an endpoint key to send"].ok
+    assert not checks["GET /v1/models"].ok  # sent without a key: refused
+    assert checks["a request without a key is refused"].ok
+
+
 def test_the_secrets_first_key_and_errors_that_never_show_one() -> None:
     from tools.cluster_access import first_key
 

@@ -55,6 +55,7 @@ from serve_config import DECODE, SERVE_PORT, serve_service_name
 from settings import Settings, settings_from_cli
 from tools.cluster_access import (
     ClusterUnreachableError,
+    EndpointKeyError,
     EngineSnapshot,
     NixlSnapshot,
     endpoint_key,
@@ -375,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterUnreachableError as err:
         print(unreachable_message(settings, err), file=sys.stderr)
         return 2
+    except EndpointKeyError as err:
+        print(f"error: no endpoint key: {err}", file=sys.stderr)
+        return 1
     write_csv(rows, args.out / "results.csv")
     title = (
         f"{settings.model_id} on {settings.gpu_instance_type}: "

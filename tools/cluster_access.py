@@ -277,15 +277,19 @@ def http_status(url: str, body: dict[str, Any] | None = None, timeout: float = 6
 
 
 # --- The endpoint's API key (setting endpoint_api_keys_secret_name) ----------------------------------
+class EndpointKeyError(RuntimeError):
+    """No key to send: the Secret is missing, unreadable with the caller's RBAC, or holds none."""
+
+
 def first_key(keys_json: str) -> str:
     """The first key of the Secret's keys.json ({"<key id>": "<key>", ...}); the error never shows a key."""
     try:
         keys = json.loads(keys_json)
     except json.JSONDecodeError:
-        raise RuntimeError(f"{serve_config.API_KEYS_FILE_KEY} is not JSON") from None
+        raise EndpointKeyError(f"{serve_config.API_KEYS_FILE_KEY} is not JSON") from None
     values = [v for v in keys.values() if isinstance(v, str) and v] if isinstance(keys, dict) else []
     if not values:
-        raise RuntimeError(f'{serve_config.API_KEYS_FILE_KEY} holds no key (expected {{"<key id>": "<key>", ...}})')
+        raise EndpointKeyError(f'{serve_config.API_KEYS_FILE_KEY} holds no key (expected {{"<key id>": "<key>", ...}})')
     return values[0]
 
 
@@ -301,11 +305,17 @@ def endpoint_key(settings: Settings, env: Mapping[str, str] | None = None) -> st
     if given:
         return given
     field = serve_config.API_KEYS_FILE_KEY.replace(".", "\\.")
-    encoded = kubectl(
-        "get", "secret", "-n", settings.serving_namespace, serve_config.API_KEYS_SECRET,
-        "-o", f"jsonpath={{.data.{field}}}",
-    )  # fmt: skip
+    secret = f"{settings.serving_namespace}/{serve_config.API_KEYS_SECRET}"
+    try:
+        encoded = kubectl(
+            "get", "secret", "-n", settings.serving_namespace, serve_config.API_KEYS_SECRET,
+            "-o", f"jsonpath={{.data.{field}}}",
+        )  # fmt: skip
+    except ClusterUnreachableError:
+        raise
+    except RuntimeError as err:  # kubectl's own message: NotFound, Forbidden (it never holds the data)
+        detail = (str(err).strip().splitlines() or [""])[-1]
+        raise EndpointKeyError(f"cannot read secret {secret} (set OPENAI_API_KEY instead?): {detail}") from None
     if not encoded.strip():
-        secret = f"{settings.serving_namespace}/{serve_config.API_KEYS_SECRET}"
-        raise RuntimeError(f"secret {secret} has no {serve_config.API_KEYS_FILE_KEY}")
+        raise EndpointKeyError(f"secret {secret} has no {serve_config.API_KEYS_FILE_KEY}")
     return first_key(base64.b64decode(encoded.strip()).decode())

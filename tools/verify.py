@@ -43,6 +43,7 @@ from tools.cluster_access import (
     PROMPT_TOKENS,
     XFER_COUNT,
     ClusterUnreachableError,
+    EndpointKeyError,
     NixlSnapshot,
     endpoint_key,
     http_json,
@@ -255,6 +256,22 @@ def metrics_check(before: NixlSnapshot, after: NixlSnapshot) -> Check:
     return Check("decode pulled KV over NIXL", ok, detail)
 
 
+# Ray 2.58 (serving_patterns/prefill_decode/pd_server.py): a prefill replica that answered decode's
+# pre-warm with an error is skipped, and decode turns healthy with no NIXL handshake to it.
+PREWARM_SKIPPED = "returned empty kv_params; skipping"
+
+
+def prewarm_check(logs: Mapping[str, str]) -> Check:
+    """Decode's logs: its pre-warm skipped no prefill replica (a prefill-side error is otherwise silent)."""
+    found = [
+        f"{where}: {line.strip()[-120:]}"
+        for where, text in sorted(logs.items())
+        for line in text.splitlines()
+        if PREWARM_SKIPPED in line
+    ]
+    return Check("decode's pre-warm reached prefill", not found, "; ".join(found[:3]) or "no prefill replica skipped")
+
+
 def no_nixl_check(metrics: Mapping[str, str], logs: Mapping[str, str]) -> Check:
     """Aggregated mode: no worker has NIXL metrics or NIXL log lines; no KV moves between replicas."""
     problems = []
@@ -337,12 +354,17 @@ def run_checks(
     """Every check against the deployed stack; api_key: sent on the endpoint's requests when keys are on
     (None: endpoint_key(settings), i.e. OPENAI_API_KEY, else the endpoint's Secret)."""
     ns = settings.serving_namespace
-    keys_on = bool(getattr(settings, "endpoint_api_keys_secret_name", None))
-    key = (api_key or endpoint_key(settings)) if keys_on else None
     groups = worker_pods(settings)
     node_names = {p["spec"].get("nodeName") for pods in groups.values() for p in pods if p["spec"].get("nodeName")}
     nodes = {name: kubectl_json("get", "node", name) for name in node_names}
     checks = [placement_check(groups, nodes)]
+    keys_on = bool(getattr(settings, "endpoint_api_keys_secret_name", None))
+    key = api_key
+    if keys_on and key is None:
+        try:
+            key = endpoint_key(settings)
+        except EndpointKeyError as err:  # no key: the requests below then show the refusal
+            checks.append(Check("an endpoint key to send", False, f"{type(err).__name__}: {err}"))
 
     def logs() -> Check:
         problems = []
@@ -357,6 +379,11 @@ def run_checks(
     aggregated = settings.serving_mode == "aggregated"
     if not aggregated:
         checks.append(guard("NIXL LIBFABRIC backend, no fallback", logs))
+        skipped = f"grep -h -F '{PREWARM_SKIPPED}' {RAY_LOGS}/*.out {RAY_LOGS}/*.err {RAY_LOGS}/serve/*.log || true"
+        checks.append(guard("decode's pre-warm reached prefill", lambda: prewarm_check({
+            name: kubectl("exec", "-n", ns, name, "--", "sh", "-c", skipped)
+            for name in (p["metadata"]["name"] for p in groups.get(DECODE, []))
+        })))  # fmt: skip
 
     def drivers() -> Check:
         versions = {
