@@ -56,7 +56,11 @@ def plugin_path() -> str | None:
 
 
 def missing_libraries(path: str) -> list[str]:
-    result = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=60, check=False)
+    """Every library ldd cannot resolve; without ldd itself, that is the one missing piece."""
+    try:
+        result = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=60, check=False)
+    except OSError:
+        return ["ldd (to resolve the plugin's libraries)"]
     return [line.split("=>")[0].strip() for line in result.stdout.splitlines() if "not found" in line]
 
 
