@@ -23,9 +23,11 @@ from tests.aws_fakes import Answer, FakeAws, client_error
 from tests.conftest import ROOT
 from tools.preflight.__main__ import main, markdown, table
 from tools.preflight.account import cli_bootstrap_version
-from tools.preflight.base import Result
+from tools.preflight.base import Account, Result
 from tools.preflight.capacity import is_gvt, is_standard
 from tools.preflight.checks import run
+from tools.preflight.context_file import write_context
+from tools.preflight.zones import RECORD_KEY
 
 ACCOUNT = "123456789012"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/platform/Deployer"
@@ -631,6 +633,16 @@ def test_cluster_admin(admins: str, expected: str, said: str) -> None:
         assert line.fix == f"-c cluster_admin_arns={ROLE}" or "<your role" in line.fix
 
 
+def test_cluster_admin_names_every_bad_arn() -> None:
+    missing, pathless = f"arn:aws:iam::{ACCOUNT}:role/Other", f"arn:aws:iam::{ACCOUNT}:role/Deployer"
+    status, line = status_of(
+        "cluster admin", account(), f"cluster_admin_arns={missing},{pathless}", "gpu_availability_zone=us-east-1b"
+    )
+    assert status == "FAIL" and f"{missing}, which does not exist" in line.detail, line
+    assert f"names {pathless}; the role's ARN is {ROLE}" in line.detail
+    assert line.fix == f"-c cluster_admin_arns=<your role's ARN, path included>,{ROLE}"
+
+
 # --- denied calls, the IAM policy, the command line ---------------------------------------------------------
 def test_a_denied_call_warns_and_the_rest_still_run() -> None:
     results = preflight(account(**{"ec2:DescribeInstances": client_error("UnauthorizedOperation", "", 403)}), *GOOD)
@@ -801,6 +813,13 @@ def test_write_context_records_the_picked_az_and_region_for_synth(tmp_path: Path
         "availability-zones:account=123456789012:region=us-east-1": ["us-east-1a"],
         "region": "us-east-1",
         "gpu_availability_zone": "us-east-1b",
+        # The physical zone and the account it was checked in: an AZ name means another zone elsewhere.
+        "preflight:gpu-availability-zone": {
+            "account": ACCOUNT,
+            "region": "us-east-1",
+            "zone": "us-east-1b",
+            "zoneId": "use1-az6",
+        },
     }
     recorded = settings_from_cli([], root=root)
     assert (recorded.region, recorded.gpu_availability_zone) == ("us-east-1", "us-east-1b")
@@ -864,14 +883,22 @@ def test_the_product_repository_ships_no_cdk_context_json() -> None:
 def test_the_cdk_cli_reads_the_recorded_az_and_needs_the_bootstrap_preflight_checks(tmp_path: Path) -> None:
     """The pinned CLI itself merges cdk.context.json under cdk.json and -c: the template has the recorded AZ.
 
+    The file is the one --write-context writes, zone record included: the CLI and the app accept it offline.
     Its cloud assembly also states the bootstrap versions preflight asks for.
     """
     context = json.loads((ROOT / "cdk.json").read_text())
     context["app"] = f"{sys.executable} {ROOT / 'app.py'}"
     (tmp_path / "cdk.json").write_text(json.dumps(context))
-    (tmp_path / "cdk.context.json").write_text(
-        json.dumps({"region": "us-west-2", "gpu_availability_zone": "us-west-2c"})
+    checked = Account(
+        settings=settings_from_cli([]),
+        session=FakeAws({}),
+        region="us-west-2",
+        account_id=ACCOUNT,
+        chosen_az="us-west-2c",
+        zone_ids={"us-west-2c": "usw2-az3"},
     )
+    write_context(checked, tmp_path / "cdk.context.json")
+    assert json.loads((tmp_path / "cdk.context.json").read_text())[RECORD_KEY]["zoneId"] == "usw2-az3"
     env = {**os.environ, "PATH": f"{ROOT / '.venv/bin'}:{os.environ['PATH']}", "CDK_VALIDATION": "false"}
     cdk = ROOT / "node_modules/.bin/cdk"
     done = subprocess.run(

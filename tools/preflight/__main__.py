@@ -13,6 +13,7 @@ from settings.loading import PROJECT_ROOT
 from tools.preflight.base import CannotCheckError, Result, Session
 from tools.preflight.checks import run
 from tools.preflight.context_file import REPLACE_FLAG, RefusedError, write_context
+from tools.preflight.zones import RECORD_KEY
 
 
 def table(results: Sequence[Result]) -> str:
@@ -41,7 +42,11 @@ def markdown(results: Sequence[Result]) -> str:
 def main(argv: list[str] | None = None, session: Session | None = None) -> int:
     parser = argparse.ArgumentParser(description="Check the AWS account before `cdk deploy` (read-only calls).")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--write-context", action="store_true", help=f"record the GPU AZ and region in {CONTEXT_FILE}")
+    parser.add_argument(
+        "--write-context",
+        action="store_true",
+        help=f"record the GPU AZ, its zone ID, the account and region in {CONTEXT_FILE}",
+    )
     parser.add_argument(
         REPLACE_FLAG,
         dest="replace_deployed",
@@ -52,7 +57,8 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
     parser.add_argument("--root", type=Path, default=PROJECT_ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        settings = settings_from(context_with(args.context, args.root))
+        context = context_with(args.context, args.root)
+        settings = settings_from(context)
     except SettingsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
         # The CDK CLI reads AWS_REGION before AWS_DEFAULT_REGION and the profile; boto3 skips it.
         session = boto3.Session(region_name=os.environ.get("AWS_REGION") or None)
     try:
-        account, results = run(settings, session)
+        account, results = run(settings, session, context)
     except CannotCheckError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -78,7 +84,10 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
         except RefusedError as err:
             print(f"error: not written: {err}", file=sys.stderr)
             return 1
-        pairs = ", ".join(f"{k}={v}" for k, v in written.items())
+        pairs = ", ".join(f"{k}={v}" for k, v in written.items() if isinstance(v, str))
+        record = written.get(RECORD_KEY)
+        if record:
+            pairs += f" (zone ID {record['zoneId']} in account {record['account']}, under {RECORD_KEY!r})"
         print(f"wrote {pairs} to {CONTEXT_FILE}; commit it in your deployment repository")
     return 1 if failed else 0
 

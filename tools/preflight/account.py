@@ -284,7 +284,9 @@ def cluster_admin(account: Account) -> list[Result]:
     settings = account.settings
     iam = account.client("iam")
     results = []
+    problems, fixed = [], []
     for arn in settings.cluster_admin_arns:
+        fixed.append(arn)
         name = _role_name(arn)
         if name is None or f":{account.account_id}:" not in arn:
             continue
@@ -293,23 +295,15 @@ def cluster_admin(account: Account) -> list[Result]:
         except ClientError as err:
             if error_code(err) != "NoSuchEntity":
                 raise
-            return [
-                Result(
-                    "FAIL",
-                    "cluster admin",
-                    f"cluster_admin_arns names {arn}, which does not exist: EKS refuses its access entry",
-                    "-c cluster_admin_arns=<your role's ARN, path included>",
-                )
-            ]
+            problems.append(f"cluster_admin_arns names {arn}, which does not exist: EKS refuses its access entry")
+            fixed[-1] = "<your role's ARN, path included>"
+            continue
         if actual != arn:
-            return [
-                Result(
-                    "FAIL",
-                    "cluster admin",
-                    f"cluster_admin_arns names {arn}; the role's ARN is {actual} (with its path)",
-                    f"-c cluster_admin_arns={actual}",
-                )
-            ]
+            problems.append(f"cluster_admin_arns names {arn}; the role's ARN is {actual} (with its path)")
+            fixed[-1] = actual
+    if problems:
+        # Every bad ARN at once: EKS refuses the whole deploy for any one of them.
+        return [Result("FAIL", "cluster admin", "; ".join(problems), f"-c cluster_admin_arns={','.join(fixed)}")]
     caller = account.caller_arn
     assumed = _ASSUMED.match(caller)
     if assumed:

@@ -6,7 +6,7 @@ IAM action) instead of failing: the deploy may still work, but nobody checked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -58,6 +58,9 @@ class Account:
     reservation_az: str | None = None
     private_subnet_azs: list[str] = field(default_factory=list)
     chosen_az: str | None = None
+    # The project's CDK context (cdk.json, cdk.context.json, -c): lookups and what --write-context recorded.
+    context: Mapping[str, Any] = field(default_factory=dict)
+    zone_ids: dict[str, str] = field(default_factory=dict)
 
     def client(self, service: str) -> Any:
         return self.session.client(service, region_name=self.region)

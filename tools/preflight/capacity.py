@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from botocore.exceptions import ClientError
@@ -112,112 +111,6 @@ def capacity_reservation(account: Account) -> list[Result]:
     if end is not None and end - datetime.now(UTC) < timedelta(days=7):
         return [Result("WARN", "capacity reservation", f"{detail}; it ends {end:%Y-%m-%d %H:%M} UTC")]
     return [Result("PASS", "capacity reservation", detail)]
-
-
-def _offerings(account: Account, instance_types: list[str]) -> dict[str, set[str]]:
-    """Instance type -> the AZs of the region that offer it."""
-    found: dict[str, set[str]] = {t: set() for t in instance_types}
-    for offer in pages(
-        account.client("ec2"),
-        "describe_instance_type_offerings",
-        "InstanceTypeOfferings",
-        LocationType="availability-zone",
-        Filters=[{"Name": "instance-type", "Values": instance_types}],
-    ):
-        found[offer["InstanceType"]].add(offer["Location"])
-    return found
-
-
-def gpu_zone(account: Account) -> list[Result]:
-    """The GPU AZ offers the GPU type and the VPC's AZs offer the system type; with none chosen, pick one."""
-    settings = account.settings
-    gpu_type, system_type = settings.gpu_instance_type, settings.system_instance_type
-    offers = _offerings(account, sorted({gpu_type, system_type}))
-    zones = [
-        z["ZoneName"]
-        for z in account.client("ec2").describe_availability_zones(
-            Filters=[{"Name": "state", "Values": ["available"]}]
-        )["AvailabilityZones"]
-        if z.get("ZoneType", "availability-zone") == "availability-zone"
-    ]
-
-    def vpc_azs(gpu_az: str) -> list[str]:
-        if settings.vpc_id is not None:
-            return account.private_subnet_azs
-        return replace(settings, gpu_availability_zone=gpu_az).new_vpc_availability_zones or []
-
-    def works(gpu_az: str) -> bool:
-        if gpu_az not in offers[gpu_type]:
-            return False
-        if settings.vpc_id is not None:
-            return gpu_az in account.private_subnet_azs
-        azs = vpc_azs(gpu_az)
-        return all(z in zones and z in offers[system_type] for z in azs)
-
-    good = [z for z in zones if works(z)]
-    both = sorted(offers[gpu_type] & offers[system_type])
-    name = "GPU availability zone"
-    if settings.gpu_availability_zone is not None:
-        az = settings.gpu_availability_zone
-        if az not in offers[gpu_type]:
-            return [
-                Result(
-                    "FAIL",
-                    name,
-                    f"{az} does not offer {gpu_type}; AZs that offer it with {system_type}: {both}",
-                    f"-c gpu_availability_zone={good[0]}" if good else "-c gpu_instance_type=<another type>",
-                )
-            ]
-        if not works(az):
-            return [
-                Result(
-                    "FAIL",
-                    name,
-                    f"{az} offers {gpu_type}, but the VPC's AZs {vpc_azs(az)} do not all offer {system_type}"
-                    + (" or hold private subnets" if settings.vpc_id else ""),
-                    f"-c gpu_availability_zone={good[0]}" if good else "-c system_instance_type=<another type>",
-                )
-            ]
-        account.chosen_az = az
-        return [Result("PASS", name, f"{az} offers {gpu_type}; the VPC's AZs {vpc_azs(az)} offer {system_type}")]
-    # None chosen: keep what is deployed, else a reservation's AZ, else the first that works.
-    preferred = [z for z in (account.deployed_az, account.reservation_az) if z]
-    pick = next((z for z in [*preferred, *good] if works(z)), None)
-    if pick is None:
-        return [
-            Result(
-                "FAIL",
-                name,
-                f"no AZ of {account.region} offers {gpu_type} with {system_type} in the VPC's other AZs",
-                "choose another region (-c region=...) or -c gpu_instance_type=<another type>",
-            )
-        ]
-    account.chosen_az = pick
-    if settings.vpc_id is not None:
-        default = account.private_subnet_azs[0] if account.private_subnet_azs else "?"
-    else:
-        default = zones[0] if zones else "?"
-    if account.deployed_az:
-        default = account.deployed_az
-    record = "python -m tools.preflight --write-context"
-    if default not in offers[gpu_type]:
-        return [
-            Result(
-                "FAIL",
-                name,
-                f"none chosen: the stack would use {default}, which does not offer {gpu_type}; "
-                f"{pick} does (AZs offering both types: {both})",
-                record,
-            )
-        ]
-    return [
-        Result(
-            "WARN",
-            name,
-            f"none chosen: the stack would use {default}; picked {pick} (AZs offering both types: {both})",
-            f"{record} (records {pick} in cdk.context.json)",
-        )
-    ]
 
 
 # --- vCPU quotas ---------------------------------------------------------------------

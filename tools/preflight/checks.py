@@ -9,7 +9,8 @@ A check learns into the Account what later checks read, so the order matters.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from settings import Settings
 from tools.preflight.account import (
@@ -21,8 +22,9 @@ from tools.preflight.account import (
     token_secret,
 )
 from tools.preflight.base import Account, Result, Session, guarded
-from tools.preflight.capacity import capacity_reservation, efa, gpu_zone, vcpu_quotas
+from tools.preflight.capacity import capacity_reservation, efa, vcpu_quotas
 from tools.preflight.network import existing_vpc, vpc_room
+from tools.preflight.zones import gpu_zone, recorded_zone
 
 CHECKS: tuple[tuple[str, Callable[[Account], list[Result]]], ...] = (
     ("CDK bootstrap", bootstrap),
@@ -32,6 +34,7 @@ CHECKS: tuple[tuple[str, Callable[[Account], list[Result]]], ...] = (
     ("capacity reservation", capacity_reservation),
     ("existing VPC", existing_vpc),
     ("GPU availability zone", gpu_zone),
+    ("recorded GPU AZ", recorded_zone),
     ("vCPU quotas", vcpu_quotas),
     ("new VPC", vpc_room),
     ("token secret", token_secret),
@@ -39,9 +42,12 @@ CHECKS: tuple[tuple[str, Callable[[Account], list[Result]]], ...] = (
 )
 
 
-def run(settings: Settings, session: Session) -> tuple[Account, list[Result]]:
-    """Every check in order. Raises CannotCheckError when nothing can be checked."""
-    account = Account(settings=settings, session=session)
+def run(settings: Settings, session: Session, context: Mapping[str, Any] | None = None) -> tuple[Account, list[Result]]:
+    """Every check in order; `context` is the CDK context the settings came from.
+
+    Raises CannotCheckError when nothing can be checked.
+    """
+    account = Account(settings=settings, session=session, context=dict(context or {}))
     results = identity(account)
     for name, check in CHECKS:
         results.extend(guarded(name, check)(account))

@@ -1,4 +1,8 @@
-"""Record the checked GPU AZ and region in cdk.context.json, where `cdk synth` reads them offline."""
+"""Record the checked GPU AZ and region in cdk.context.json, where `cdk synth` reads them offline.
+
+Beside them, under a lookup-style key the settings never read, the account and the zone ID
+that AZ name meant there: preflight checks them on every later run.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 
 from tools.preflight.account import describe_stack, is_deployed, stack_outputs
 from tools.preflight.base import STACK_NAME, Account
+from tools.preflight.zones import RECORD_KEY
 
 REPLACE_FLAG = "--replace-deployed-cluster"
 
@@ -25,7 +30,7 @@ def _deployed_az(account: Account, region: str) -> str | bool | None:
 
 
 def write_context(account: Account, path: Path, *, replace_deployed: bool = False) -> dict[str, Any]:
-    """Merge region and gpu_availability_zone into the context file; returns what was written.
+    """Merge region, gpu_availability_zone and the zone record into the context file; returns what was written.
 
     Raises RefusedError when the stack is deployed elsewhere, unless replace_deployed.
     """
@@ -47,6 +52,11 @@ def write_context(account: Account, path: Path, *, replace_deployed: bool = Fals
                 f"create a second cluster there and leaves the one in {recorded_region} running; "
                 f"pass {REPLACE_FLAG} to record it anyway"
             )
-    written = {"region": account.region, "gpu_availability_zone": account.chosen_az}
+    written: dict[str, Any] = {"region": account.region, "gpu_availability_zone": account.chosen_az}
+    zone_id = account.zone_ids.get(account.chosen_az)
+    if zone_id:
+        # The zone the checks saw, for this account: an AZ name means another zone in another account.
+        record = {"account": account.account_id, "region": account.region, "zone": account.chosen_az, "zoneId": zone_id}
+        written[RECORD_KEY] = record
     path.write_text(json.dumps({**existing, **written}, indent=2) + "\n", encoding="utf-8")
     return written
