@@ -211,6 +211,15 @@ def test_the_probe_runs_for_real_on_this_machines_venv() -> None:
     ldd = subprocess.run(["ldd", plugin], capture_output=True, text=True, check=False, env=env).stdout
     missing = [f"image: {m}" for m in re.findall(r"^\s*(\S+) => not found", ldd, re.MULTILINE)]
     assert [n for n in names if n.startswith("image: lib")] == missing
+    # The judgement means what it says: NIXL itself can create the LIBFABRIC backend exactly when
+    # the probe finds nothing missing (here, without libfabric, libhwloc and libcuda: it cannot).
+    create = (
+        "from nixl._api import nixl_agent, nixl_agent_config\n"
+        "agent = nixl_agent('probe', nixl_agent_config(backends=[]))\n"
+        "agent.create_backend('LIBFABRIC')\n"
+    )
+    created = subprocess.run([sys.executable, "-c", create], capture_output=True, text=True, timeout=300, env=env)
+    assert (created.returncode == 0) == (not missing), created.stderr[-500:]
 
 
 def test_image_pins_equal_the_lock() -> None:
