@@ -87,6 +87,12 @@ def test_engine_latency_comes_from_the_histograms_change_over_the_point() -> Non
     assert two.itl is not None and two.itl.count == 1400
 
 
+def test_progress_shows_the_engines_itl_beside_the_clients() -> None:
+    line = bench.progress({"median_ttft_ms": 987.1, "engine_median_itl_ms": 41.3, "median_itl_ms": 0.012})
+    assert line == "TTFT p50 987 ms; ITL p50 engine 41 ms, client 0.012 ms (Ray's stream batches)"
+    assert "engine - ms" in bench.progress({"median_ttft_ms": 1.0})
+
+
 def test_engine_figures_are_absent_without_a_scrape() -> None:
     point = bench.row(bench.Point(512, 4), RESULT, NixlSnapshot(0, 0, 0), NixlSnapshot(0, 0, 0))
     assert point["engine_median_itl_ms"] is None and point["engine_p99_tpot_ms"] is None

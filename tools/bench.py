@@ -289,6 +289,19 @@ def _csv_ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def progress(point: Mapping[str, Any]) -> str:
+    """One line per point: TTFT, and the engine's ITL beside the client's (Ray's batches)."""
+
+    def ms(name: str) -> str:
+        value = point.get(name)
+        return "-" if value is None else f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+    return (
+        f"TTFT p50 {ms('median_ttft_ms')} ms; ITL p50 engine {ms('engine_median_itl_ms')} ms, "
+        f"client {ms('median_itl_ms')} ms (Ray's stream batches)"
+    )
+
+
 def scrape(namespace: str, pods: Sequence[str]) -> tuple[NixlSnapshot, EngineSnapshot]:
     """NIXL counters and engine histograms, summed over the pods that decode."""
     texts = [metrics_text(namespace, pod) for pod in pods]
@@ -338,7 +351,7 @@ def sweep(
             after, engine_after = snapshot()
             rows.append(row(point, result, before, after, engine_before, engine_after, serving_mode=serving_mode))
             print(
-                f"    done in {time.monotonic() - started:.0f}s: TTFT p50 {rows[-1]['median_ttft_ms']:.0f} ms",
+                f"    done in {time.monotonic() - started:.0f}s: {progress(rows[-1])}",
                 flush=True,
             )
             if rows[-1]["requests_without_transfer"]:
