@@ -2,5 +2,6 @@
 
 Read-only calls with the caller's credentials (the actions are in iam-policy.json
 beside this file), the settings `cdk synth` reads, one PASS/WARN/FAIL line per
-check. `--write-context` records the checked GPU AZ and region in cdk.context.json.
+check. `--write-context` records the checked GPU AZ and region in cdk.context.json,
+with the account and zone ID it was checked in.
 """

@@ -2,9 +2,10 @@
 
 Every check reads the same Settings `cdk synth` reads. Each lives with its kind:
 account.py (credentials, bootstrap, the deployed stack, versions, token, admin),
-capacity.py (instance types, reservation, AZ offering, vCPU quotas) and
-network.py (existing VPC, room for a new one); base.py holds what they share.
-A check learns into the Account what later checks read, so the order matters.
+capacity.py (instance types and EFA, reservation, vCPU quotas), zones.py (the GPU
+AZ's offering, the AZ the stack would use, the recorded zone ID) and network.py
+(existing VPC, room for a new one); base.py holds what they share. A check learns
+into the Account what later checks read, so the order matters.
 """
 
 from __future__ import annotations
