@@ -873,6 +873,24 @@ def test_write_context_refuses_to_move_a_deployed_stack_to_another_region(
     assert json.loads((root / "cdk.context.json").read_text())["region"] == "us-west-2"
 
 
+def test_write_context_that_cannot_read_the_recorded_region_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = project(tmp_path, {"region": "us-west-2", "gpu_availability_zone": "us-west-2b"})
+
+    def stacks(_: dict[str, Any], region: str) -> dict[str, Any]:
+        if region == "us-west-2":
+            raise EndpointConnectionError(endpoint_url="https://cloudformation.us-west-2.amazonaws.com/")
+        return client_error("ValidationError", "Stack with id PdInference does not exist")
+
+    args = ["--root", str(root), "--write-context", f"-ccluster_admin_arns={ROLE}", "-cregion=us-east-1"]
+    args.append("-cgpu_availability_zone=us-east-1b")
+    assert main(args, session=FakeAws(account(**{"cloudformation:DescribeStacks": stacks}))) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: not written: EndpointConnectionError"), err
+    assert json.loads((root / "cdk.context.json").read_text())["region"] == "us-west-2"
+
+
 def test_the_product_repository_ships_no_cdk_context_json() -> None:
     tracked = subprocess.run(
         ["git", "ls-files", "cdk.context.json"], cwd=ROOT, capture_output=True, text=True, check=True

@@ -8,9 +8,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from settings import CONTEXT_FILE, SettingsError, context_with, settings_from
 from settings.loading import PROJECT_ROOT
-from tools.preflight.base import CannotCheckError, Result, Session
+from tools.preflight.base import CannotCheckError, Result, Session, first_line
 from tools.preflight.checks import run
 from tools.preflight.context_file import REPLACE_FLAG, RefusedError, write_context
 from tools.preflight.zones import RECORD_KEY
@@ -83,6 +85,10 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
             written = write_context(account, args.root / CONTEXT_FILE, replace_deployed=args.replace_deployed)
         except RefusedError as err:
             print(f"error: not written: {err}", file=sys.stderr)
+            return 1
+        except (BotoCoreError, ClientError) as err:
+            # Whether the stack is deployed in the recorded region could not be read: nothing is written.
+            print(f"error: not written: {type(err).__name__}: {first_line(err)}", file=sys.stderr)
             return 1
         pairs = ", ".join(f"{k}={v}" for k, v in written.items() if isinstance(v, str))
         record = written.get(RECORD_KEY)
