@@ -140,6 +140,7 @@ def test_a_deployed_stack_with_a_reservation_too_small_fails() -> None:
             {"PlacementGroupArn": "arn:aws:ec2:us-east-1:123456789012:placement-group/training"},
             "placement-group/training",
         ),
+        ({"ReservationType": "capacity-block"}, "Capacity Block"),
     ],
 )
 def test_a_reservation_the_nodes_cannot_launch_into_fails(changes: dict[str, Any], said: str) -> None:
@@ -149,5 +150,7 @@ def test_a_reservation_the_nodes_cannot_launch_into_fails(changes: dict[str, Any
 
 
 def test_a_linux_reservation_outside_a_placement_group_passes() -> None:
-    answers = account(**{"ec2:DescribeCapacityReservations": reservation(InstancePlatform="Linux/UNIX")})
+    answers = account(
+        **{"ec2:DescribeCapacityReservations": reservation(InstancePlatform="Linux/UNIX", ReservationType="default")}
+    )
     assert check(preflight(answers, *RESERVED), "capacity reservation").status == "PASS"

@@ -85,6 +85,10 @@ def capacity_reservation(account: Account) -> list[Result]:
     # the stack launches into a placement group of its own, or none.
     if r.get("PlacementGroupArn"):
         problems.append(f"it is for the cluster placement group {r['PlacementGroupArn']}, which the nodes never join")
+    # A Capacity Block needs MarketType capacity-block in the launch template (EKS user guide,
+    # capacity-blocks-mng); the stack's launch template launches On-Demand.
+    if r.get("ReservationType") == "capacity-block":
+        problems.append("a Capacity Block for ML: the nodes launch On-Demand, not with market type capacity-block")
     available, total = r.get("AvailableInstanceCount", 0), r.get("TotalInstanceCount", 0)
     if account.deployed:
         # AvailableInstanceCount leaves out the running instances, the stack's own GPU nodes among them.
