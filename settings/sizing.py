@@ -122,8 +122,8 @@ def kv_cache_bytes_per_token(model: catalog.ModelSpec) -> int:
 # refuses to start unless the rest holds one max_model_len sequence
 # (vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory).
 #
-# Non-torch memory: vLLM logs 0.09-0.33 GiB on one GPU in public reports
-# ("non_torch_memory takes"); 0.4 GiB, rounded up.
+# Non-torch memory: vLLM logs 0.28 and 0.33 GiB on one GPU in public reports
+# ("non_torch_memory takes", vllm-project/vllm#15039 and #14452); 0.4 GiB, rounded up.
 NON_TORCH_GIB = 0.4
 # vLLM's CUDA-graph estimate for Qwen3-8B on a 24 GB GPU with the default capture
 # sizes (PIECEWISE 51 up to 512 tokens, FULL 35 up to 256): "Estimated CUDA graph
