@@ -113,6 +113,21 @@ class Settings:
     # An ACM certificate for a TLS listener on 443 on the internal NLB (which then has no plain listener).
     endpoint_tls_certificate_arn: str | None = None
 
+    # Observability (README "Watching it"): the CloudWatch observability add-on, a managed
+    # Prometheus workspace with its collector, rules and alert manager, and the alarms' SNS topic.
+    observability: bool = True
+    # Seconds between scrapes of the Ray pods (the managed collector's minimum is 30).
+    observability_scrape_interval_seconds: int = 30
+    # An e-mail address subscribed to the alarms' topic (confirmed by its owner); None: no subscription.
+    alarm_email: str | None = None
+    # Alarm thresholds, each justified in README "Watching it".
+    alarm_ttft_p99_seconds: float = 10.0
+    alarm_kv_throughput_floor_gb_per_s: float = 1.0
+    alarm_kv_cache_usage_ratio: float = 0.98
+    # Container Insights reports both as bytes per second.
+    alarm_efa_flat_bytes_per_second: int = 10_000
+    alarm_pod_network_kv_bytes_per_second: int = 10_000_000
+
     def __post_init__(self) -> None:
         # The S3 console copies a folder's URI with a trailing slash; the one form every
         # reader sees (the Pod Identity policy, the serve config) has none.
@@ -430,6 +445,7 @@ def validate(s: Settings) -> Settings:
             "IPv4 networks narrower than 0.0.0.0/0, e.g. 10.0.0.0/8",
         )
     _validate_endpoint_keys(s)
+    _validate_observability(s)
     return s
 
 
@@ -479,3 +495,39 @@ def _validate_endpoint_keys(s: Settings) -> None:
             s.endpoint_tls_certificate_arn,
             "set only with internal_endpoint_cidrs (the certificate goes on the internal NLB's listener)",
         )
+
+
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+
+def _validate_observability(s: Settings) -> None:
+    """The collector's interval and the alarm thresholds."""
+    _require(
+        30 <= s.observability_scrape_interval_seconds <= 300,
+        "observability_scrape_interval_seconds",
+        s.observability_scrape_interval_seconds,
+        "30 to 300 seconds (a managed collector scrapes at most every 30 s)",
+    )
+    if s.alarm_email is not None:
+        _require(bool(_EMAIL.match(s.alarm_email)), "alarm_email", s.alarm_email, "one e-mail address, name@domain")
+    _require(
+        0 < s.alarm_ttft_p99_seconds <= 600, "alarm_ttft_p99_seconds", s.alarm_ttft_p99_seconds, "0 to 600 seconds"
+    )
+    _require(
+        0 < s.alarm_kv_throughput_floor_gb_per_s <= 100,
+        "alarm_kv_throughput_floor_gb_per_s",
+        s.alarm_kv_throughput_floor_gb_per_s,
+        "above 0 and at most 100 GB/s",
+    )
+    _require(
+        0 < s.alarm_kv_cache_usage_ratio <= 1,
+        "alarm_kv_cache_usage_ratio",
+        s.alarm_kv_cache_usage_ratio,
+        "above 0 and at most 1 (vLLM's kv_cache_usage_perc is a ratio)",
+    )
+    _require(
+        0 < s.alarm_efa_flat_bytes_per_second < s.alarm_pod_network_kv_bytes_per_second,
+        "alarm_efa_flat_bytes_per_second",
+        s.alarm_efa_flat_bytes_per_second,
+        "above 0 and below alarm_pod_network_kv_bytes_per_second (EFA flat while KV-sized traffic is on pod network)",
+    )

@@ -83,6 +83,12 @@ _LBC_RESOURCES = (
 
 # For constructs that exist only when a setting turns them on.
 OPTIONAL_ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {
+    "Observability/AgentRole": {
+        _policy("CloudWatchAgentServerPolicy"): (
+            "The CloudWatch observability add-on's own Pod Identity role (service account cloudwatch-agent only): "
+            "AWS documents CloudWatchAgentServerPolicy for it, and it writes to log groups and metrics it names itself"
+        ),
+    },
     "PrivateEndpoint/Policy": {
         f"AwsSolutions-IAM5[Resource::{resource}]": _LBC_REASON.format(version=AWS_LOAD_BALANCER_CONTROLLER.version)
         for resource in _LBC_RESOURCES

@@ -16,6 +16,7 @@ from cdk_constructs.log_encryption import LogEncryptionKey
 from cdk_constructs.model_weights import ModelReadAccess
 from cdk_constructs.network import Network
 from cdk_constructs.network_policies import ServingNetworkPolicies, serving_network_policies
+from cdk_constructs.observability import Observability
 from cdk_constructs.private_endpoint import PrivateEndpoint
 from cdk_constructs.ray_pods_code import RayPodsCode
 from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
@@ -202,6 +203,35 @@ class PdInferenceStack(Stack):
             release.node.add_dependency(*nodegroups)
         service.namespace_manifest.node.add_dependency(*nodegroups)
         service.rayservice_manifest.node.add_dependency(*addons.releases, addons.kuberay_crd_upgrade[-1])
+
+        if settings.observability:
+            watch = Observability(
+                self, "Observability", settings=settings, cluster=cluster, vpc=network.vpc, logs_key=logs_key
+            )
+            # Its pods schedule once nodes exist, and Pod Identity hands them the agent's role.
+            watch.addon.node.add_dependency(*nodegroups)
+            CfnOutput(
+                self,
+                "DashboardUrl",
+                value=watch.dashboard_url(),
+                description="CloudWatch dashboard: GPU, EFA, nodes, pending pods",
+            )
+            CfnOutput(
+                self,
+                "PrometheusQueryUrl",
+                value=watch.workspace.attr_prometheus_endpoint,
+                description="The managed Prometheus workspace's endpoint (SigV4): Grafana's source, verify's queries",
+            )
+            CfnOutput(
+                self,
+                "GrafanaImportCommand",
+                value=(
+                    "python -m tools.import_dashboard --grafana-url <your Grafana> "
+                    f"--prometheus-url {watch.workspace.attr_prometheus_endpoint}"
+                ),
+                description="Imports observability/dashboard.json (KV path and latency panels) into a Grafana",
+            )
+            CfnOutput(self, "AlarmTopicArn", value=watch.topic.topic_arn, description="Every alarm goes here")
 
         CfnOutput(
             self,

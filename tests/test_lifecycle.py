@@ -47,7 +47,11 @@ def test_node_groups_deleted_before_cluster_and_addons(full: dict[str, Any]) -> 
     cluster = next(iter(resources(full, "AWS::EKS::Cluster")))
     for nodegroup in _nodegroups(full):
         assert depends_on(full, nodegroup, cluster)
-        for addon in resources(full, "AWS::EKS::Addon"):
+        for addon, props in resources(full, "AWS::EKS::Addon").items():
+            if props["Properties"]["AddonName"] == "amazon-cloudwatch-observability":
+                # The other way round: its DaemonSets need nodes, and go before them on destroy.
+                assert depends_on(full, addon, nodegroup)
+                continue
             assert depends_on(full, nodegroup, addon)
 
 
@@ -59,6 +63,8 @@ def test_load_balanced_service_deleted_before_its_controller_subnets_and_groups(
         if not props["MapPublicIpOnLaunch"]:
             assert depends_on(full, service, subnet), subnet
     for group in resources(full, "AWS::EC2::SecurityGroup"):
+        if group.startswith("ObservabilityScraperSecurityGroup"):
+            continue  # the managed collector's ENIs only: no load balancer rule refers to it
         assert depends_on(full, service, group), group
 
 
@@ -112,7 +118,8 @@ def test_chart_version_bump_makes_a_new_job(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_log_groups_and_key_are_removed_on_destroy(template: dict[str, Any]) -> None:
     groups = resources(template, "AWS::Logs::LogGroup")
-    assert len(groups) == 4  # VPC flow logs, EKS control plane, the kubectl provider's two Lambdas
+    # VPC flow logs, EKS control plane, the kubectl provider's two Lambdas, the observability add-on's four
+    assert len(groups) == 8
     assert all(g["DeletionPolicy"] == "Delete" and g["Properties"]["RetentionInDays"] == 30 for g in groups.values())
     (control_plane,) = [
         k for k, g in groups.items() if g["Properties"].get("LogGroupName") == "/aws/eks/pd-inference/cluster"
@@ -120,7 +127,7 @@ def test_log_groups_and_key_are_removed_on_destroy(template: dict[str, Any]) -> 
     cluster = next(iter(resources(template, "AWS::EKS::Cluster")))
     assert depends_on(template, cluster, control_plane)
     keys = resources(template, "AWS::KMS::Key")
-    assert len(keys) == 2  # Kubernetes secrets; the log groups
+    assert len(keys) == 3  # Kubernetes secrets; the log groups; the alarm topic
     for key in keys.values():
         assert key["DeletionPolicy"] == "Delete"
         assert key["Properties"]["PendingWindowInDays"] == 7

@@ -1,0 +1,307 @@
+"""Seeing the service: Container Insights by the EKS add-on, the Ray pods' Prometheus metrics in a
+managed Prometheus workspace, the alarms, and a CloudWatch dashboard.
+
+Two paths, each for what it keeps:
+- The `amazon-cloudwatch-observability` add-on (Container Insights, enhanced, with accelerated
+  compute metrics): GPU and EFA per node, node readiness, pending pods, container logs. Its
+  EMF path drops histograms, so it does not carry the Ray pods' metrics.
+- A managed collector (AWS::APS::Scraper) scrapes the Ray pods' `metrics` port into an Amazon
+  Managed Service for Prometheus workspace, histograms intact; its rule groups alert through
+  the workspace's alert manager to the stack's SNS topic. The Grafana dashboard for those
+  queries is observability/dashboard.json (tools/import_dashboard.py imports it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_cdk import Duration, Fn, RemovalPolicy, Stack
+from aws_cdk import aws_aps as aps
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from constructs import Construct
+
+from cdk_constructs.cluster import pod_identity_role
+from cdk_constructs.observability_payloads import alarm_queries, insights_queries, render_rules, render_scrape
+from settings import Settings
+
+ADDON_NAME = "amazon-cloudwatch-observability"
+# The add-on's agent service account (aws-observability/helm-charts values.yaml; FACTS "Observability on EKS").
+AGENT_NAMESPACE = "amazon-cloudwatch"
+AGENT_SERVICE_ACCOUNT = "cloudwatch-agent"
+# The groups the add-on writes to: the agent's performance events (EMF) and Fluent Bit's three
+# (application, dataplane, host; chart values.yaml `log_group_name`). Application Signals is off.
+ADDON_LOG_GROUPS = ("application", "dataplane", "host", "performance")
+# What the Ray pods export on (KubeRay's container port `metrics`).
+RAY_METRICS_PORT = 8080
+
+
+def addon_log_group_name(cluster_name: str, kind: str) -> str:
+    return f"/aws/containerinsights/{cluster_name}/{kind}"
+
+
+def addon_configuration() -> dict[str, Any]:
+    """Enhanced Container Insights with the GPU (DCGM) and EFA metrics, and container logs.
+
+    The agent config replaces the chart's default, which also turns on Application Signals
+    (traces and its own log group): this stack does not use it."""
+    return {
+        "agent": {
+            "config": {
+                "logs": {
+                    "metrics_collected": {
+                        "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": True}
+                    }
+                }
+            }
+        },
+        "containerLogs": {"enabled": True},
+    }
+
+
+def alert_manager_definition(topic_arn: str, region: str) -> str:
+    """Every alert to the SNS topic (AMP alert manager's sns_configs)."""
+    config = {
+        "route": {"receiver": "sns", "group_by": ["alertname"], "repeat_interval": "4h"},
+        "receivers": [{"name": "sns", "sns_configs": [{"topic_arn": topic_arn, "sigv4": {"region": region}}]}],
+    }
+    # AMP takes the Alertmanager config as a string under alertmanager_config.
+    return "alertmanager_config: |\n" + "\n".join(f"  {line}" for line in json.dumps(config, indent=2).splitlines())
+
+
+class Observability(Construct):
+    """The add-on, the collector and workspace, the alarms and the dashboard.
+
+    Args:
+        settings: thresholds, the scrape interval, the alarm e-mail, names.
+        cluster: the EKS cluster; its security group gets the one rule that admits the collector to 8080.
+        vpc: the collector's ENIs go in its private subnets.
+        logs_key: encrypts the add-on's log groups.
+
+    Attributes:
+        addon: the EKS add-on (the stack makes it wait for the node groups).
+        workspace, scraper, rules: the managed Prometheus pieces.
+        topic: the alarms' SNS topic.
+        dashboard: the CloudWatch dashboard (Container Insights panels).
+        scraper_security_group: the collector's ENIs' group.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: Settings,
+        cluster: eks.Cluster,
+        vpc: ec2.IVpc,
+        logs_key: kms.IKey,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        s = settings
+
+        # --- The add-on and its log groups -------------------------------------------
+        # Made before the add-on, so the agent never creates them (with no key and no
+        # retention) and cdk destroy removes them after it.
+        self.log_groups = [
+            logs.LogGroup(
+                self,
+                f"AddonLogs{kind.capitalize()}",
+                log_group_name=addon_log_group_name(s.cluster_name, kind),
+                retention=logs.RetentionDays.ONE_MONTH,
+                removal_policy=RemovalPolicy.DESTROY,
+                encryption_key=logs_key,
+            )
+            for kind in ADDON_LOG_GROUPS
+        ]
+        self.agent_role = pod_identity_role(self, "AgentRole")
+        self.agent_role.add_managed_policy(
+            iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy")
+        )
+        self.addon = eks.CfnAddon(
+            self,
+            "Addon",
+            addon_name=ADDON_NAME,
+            cluster_name=cluster.cluster_name,
+            configuration_values=json.dumps(addon_configuration()),
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=self.agent_role.role_arn, service_account=AGENT_SERVICE_ACCOUNT
+                )
+            ],
+        )
+        for group in self.log_groups:
+            self.addon.node.add_dependency(group)
+
+        # --- The alarms' topic ----------------------------------------------------------
+        self.topic_key = kms.Key(
+            self,
+            "TopicKey",
+            description="Encrypts the alarm topic of this stack",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(7),
+        )
+        publishers = [iam.ServicePrincipal("aps.amazonaws.com"), iam.ServicePrincipal("cloudwatch.amazonaws.com")]
+        self.topic_key.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=publishers,
+                actions=["kms:GenerateDataKey*", "kms:Decrypt"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            )
+        )
+        self.topic = sns.Topic(self, "AlarmTopic", master_key=self.topic_key, enforce_ssl=True)
+        self.topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ServicePrincipal("aps.amazonaws.com")],
+                actions=["sns:Publish", "sns:GetTopicAttributes"],
+                resources=[self.topic.topic_arn],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                },
+            )
+        )
+        if s.alarm_email is not None:
+            self.topic.add_subscription(subscriptions.EmailSubscription(s.alarm_email))
+
+        # --- Managed Prometheus: workspace, rules, alert manager, collector --------------
+        self.workspace = aps.CfnWorkspace(
+            self,
+            "Workspace",
+            alias=f"{s.cluster_name}-metrics",
+            alert_manager_definition=alert_manager_definition(self.topic.topic_arn, stack.region),
+        )
+        self.workspace.node.add_dependency(self.topic.node.find_child("Policy"))
+        self.rules = aps.CfnRuleGroupsNamespace(
+            self, "Rules", name=f"{s.cluster_name}-alarms", workspace=self.workspace.attr_arn, data=render_rules(s)
+        )
+        self.scraper_security_group = ec2.SecurityGroup(
+            self,
+            "ScraperSecurityGroup",
+            vpc=vpc,
+            description="Managed Prometheus collector ENIs: scrape the Ray pods metrics port",
+            allow_all_outbound=True,
+        )
+        # The one rule that admits the collector to the Ray pods' metrics port (the nodes carry the
+        # cluster security group; pods use their node's groups). The NetworkPolicy cannot tell it from
+        # any other private-subnet address (README "Watching it").
+        self.scrape_ingress = ec2.CfnSecurityGroupIngress(
+            self,
+            "ScraperToRayMetrics",
+            group_id=cluster.cluster_security_group_id,
+            source_security_group_id=self.scraper_security_group.security_group_id,
+            ip_protocol="tcp",
+            from_port=RAY_METRICS_PORT,
+            to_port=RAY_METRICS_PORT,
+            description="Managed Prometheus collector to the Ray pods metrics port",
+        )
+        private = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        self.scraper = aps.CfnScraper(
+            self,
+            "Scraper",
+            alias=f"{s.cluster_name}-ray-pods",
+            source=aps.CfnScraper.SourceProperty(
+                eks_configuration=aps.CfnScraper.EksConfigurationProperty(
+                    cluster_arn=cluster.cluster_arn,
+                    subnet_ids=private.subnet_ids,
+                    security_group_ids=[self.scraper_security_group.security_group_id],
+                )
+            ),
+            destination=aps.CfnScraper.DestinationProperty(
+                amp_configuration=aps.CfnScraper.AmpConfigurationProperty(workspace_arn=self.workspace.attr_arn)
+            ),
+            # CloudFormation takes the configuration file base64-encoded (AWS::APS::Scraper ScrapeConfiguration).
+            scrape_configuration=aps.CfnScraper.ScrapeConfigurationProperty(
+                configuration_blob=Fn.base64(render_scrape(s, cluster.cluster_arn))
+            ),
+        )
+        self.scraper.node.add_dependency(self.scrape_ingress)
+
+        # --- CloudWatch: the Container Insights dashboard and alarms ----------------------
+        self.dashboard = cloudwatch.Dashboard(
+            self,
+            "Dashboard",
+            dashboard_name=f"{s.cluster_name}-serving",
+            default_interval=Duration.hours(3),
+        )
+        period = Duration.minutes(1)
+        widgets = [
+            cloudwatch.GraphWidget(
+                title=title,
+                left=[cloudwatch.MathExpression(expression=query, label=metric, period=period)],
+                width=12,
+                height=6,
+            )
+            for title, (metric, query) in insights_queries(s.cluster_name, s.serving_namespace).items()
+        ]
+        for i in range(0, len(widgets), 2):
+            self.dashboard.add_widgets(*widgets[i : i + 2])
+        queries = alarm_queries(s.cluster_name, s.serving_namespace)
+        action = cw_actions.SnsAction(self.topic)
+
+        def insights(key: str) -> cloudwatch.MathExpression:
+            metric, query = queries[key]
+            return cloudwatch.MathExpression(expression=query, label=metric, period=period)
+
+        self.node_not_ready = cloudwatch.Alarm(
+            self,
+            "NodeNotReady",
+            alarm_description="A node of the cluster (GPU or system) has not been Ready for 3 minutes",
+            metric=insights("node-not-ready"),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=3,
+            treat_missing_data=cloudwatch.TreatMissingData.MISSING,
+        )
+        self.node_not_ready.add_alarm_action(action)
+        self.efa_flat = cloudwatch.Alarm(
+            self,
+            "EfaFlat",
+            alarm_description=f"EFA receives under {s.alarm_efa_flat_bytes_per_second} bytes/s on every node",
+            metric=insights("efa-bytes"),
+            threshold=s.alarm_efa_flat_bytes_per_second,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=5,
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        )
+        self.kv_on_pod_network = cloudwatch.Alarm(
+            self,
+            "KvSizedTrafficOnPodNetwork",
+            alarm_description=(
+                f"The serving namespace's pods receive over {s.alarm_pod_network_kv_bytes_per_second} bytes/s "
+                "on the pod network"
+            ),
+            metric=insights("serving-pod-network"),
+            threshold=s.alarm_pod_network_kv_bytes_per_second,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=5,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        # Both Container Insights: KV-sized traffic on the pod network while EFA carries nothing is
+        # NIXL's TCP path (the KV floor alarm in the workspace sees the same failure from NIXL's side).
+        self.kv_off_efa = cloudwatch.CompositeAlarm(
+            self,
+            "KvOffEfa",
+            alarm_description="EFA flat while KV-sized traffic crosses the pod network: KV transfers left EFA",
+            alarm_rule=cloudwatch.AlarmRule.all_of(
+                cloudwatch.AlarmRule.from_alarm(self.efa_flat, cloudwatch.AlarmState.ALARM),
+                cloudwatch.AlarmRule.from_alarm(self.kv_on_pod_network, cloudwatch.AlarmState.ALARM),
+            ),
+        )
+        self.kv_off_efa.add_alarm_action(action)
+
+    def dashboard_url(self) -> str:
+        region = Stack.of(self).region
+        return (
+            f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}"
+            f"#dashboards:name={self.dashboard.dashboard_name}"
+        )

@@ -1,0 +1,41 @@
+"""The names phase: every name a panel or alarm reads from the Ray pods is in their live scrape.
+
+After verify's own checks have sent a request (so the latency and NIXL histograms have
+samples), it scrapes both nodes' metrics endpoints, as the managed collector scrapes the
+pods' `metrics` port, writes the scrape to the case's results folder, and fails on each
+name that observability/dashboard.json or rules.yaml uses and the scrape lacks
+(names cited in observability/names.yaml excepted: they exist only after a failure,
+or the collector adds them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rehearsal.context import Context
+from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, metrics_text
+
+SCRAPE_FILES = {"prefill": "metrics_prefill_node.prom", "decode": "metrics_decode_node.prom"}
+
+
+def names_check(ctx: Context) -> list[Any]:
+    from settings.model import Settings, validate
+    from tools.verify import Check
+    from tools.verify_observability import missing_from_scrape, ray_pod_names
+
+    texts = {"prefill": metrics_text(PREFILL_METRICS), "decode": metrics_text(DECODE_METRICS)}
+    if ctx.results is not None:
+        ctx.results.mkdir(parents=True, exist_ok=True)
+        for side, text in texts.items():
+            (ctx.results / SCRAPE_FILES[side]).write_text(text)
+    settings = validate(Settings())
+    missing = missing_from_scrape(settings, texts.values())
+    need = ray_pod_names(settings)
+    ctx.metrics.update(names_needed=float(len(need.metrics) + len(need.labels)), names_missing=float(len(missing)))
+    return [
+        Check(
+            "every name a panel or alarm reads from the Ray pods is in their scrape",
+            not missing,
+            ", ".join(missing) or f"{len(need.metrics)} metric and {len(need.labels)} label names present",
+        )
+    ]
