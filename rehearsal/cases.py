@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rehearsal import checks
+from rehearsal import checks, metric_names
 from rehearsal.context import Phase, Setup
 from rehearsal.network import RehearsalError
 
@@ -50,7 +50,7 @@ CASE_CHANGES: dict[str, Callable[[Setup], None]] = {
 }
 
 CASE_PHASES: dict[str, tuple[Phase, ...]] = {
-    "pd": (checks.verify_checks, checks.bench),
+    "pd": (checks.verify_checks, metric_names.names_check, checks.bench),
     "aggregated": (checks.verify_checks, checks.bench),
 }
 
