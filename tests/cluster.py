@@ -26,6 +26,7 @@ def workloads(template: dict[str, Any], kubernetes_version: str) -> list[placeme
     found += placement.workloads_from_objects(manifests(template), "stack manifest")
     found += placement.ray_workloads(rayservice_from(template))
     found += placement.eks_addon_workloads()
+    found += placement.cloudwatch_observability_workloads(template)
     return found
 
 

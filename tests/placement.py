@@ -301,6 +301,76 @@ def eks_addon_workloads() -> list[Workload]:
     ]
 
 
+# The amazon-cloudwatch-observability add-on's pods, as chart 6.4.0 renders them with the stack's
+# configuration (aws-observability/helm-charts charts/amazon-cloudwatch-observability/values.yaml at
+# 71a298ffdebe9d4e13ac709d24398062a2afe8ca): every component takes the root tolerations
+# [{operator: Exists}] and nodeSelector kubernetes.io/os=linux; with otelContainerInsights off the
+# agent runs as one DaemonSet (the cluster scraper, kube-state-metrics and node-exporter are not rendered).
+# DCGM's exporter is required onto its list of GPU instance types, which holds every GPU type of
+# settings.catalog; the Neuron monitor's list holds none of them.
+CLOUDWATCH_ADDON = "amazon-cloudwatch-observability"
+_DCGM_INSTANCE_TYPES = [
+    "g6.8xlarge", "g6.12xlarge", "g6.16xlarge", "g6.2xlarge", "g6e.8xlarge", "g6e.12xlarge",
+    "g5.8xlarge", "g5.12xlarge", "p4d.24xlarge", "p5.48xlarge",
+]  # fmt: skip
+
+
+def cloudwatch_observability_workloads(template: Mapping[str, Any]) -> list[Workload]:
+    """The add-on's pods when the template installs it; none otherwise."""
+    addons = [r for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Addon"]
+    if not any(r["Properties"]["AddonName"] == CLOUDWATCH_ADDON for r in addons):
+        return []
+    everywhere = [{"operator": "Exists"}]
+    linux = {"kubernetes.io/os": "linux"}
+    not_fargate = {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate"]}
+
+    def spec(cpu: str, memory: str, *, terms: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+        found: dict[str, Any] = {
+            "tolerations": everywhere,
+            "nodeSelector": linux,
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": memory}}}],
+            **extra,
+        }
+        if terms is not None:
+            found["affinity"] = {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+            }
+        return found
+
+    source = f"EKS add-on {CLOUDWATCH_ADDON}"
+    namespace = "amazon-cloudwatch"
+    gpu_types = {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": _DCGM_INSTANCE_TYPES}
+    return [
+        Workload(
+            "DaemonSet/cloudwatch-agent",
+            source,
+            spec("250m", "128Mi", terms=[{"matchExpressions": [not_fargate]}], hostNetwork=True),
+            daemonset=True,
+            namespace=namespace,
+        ),
+        Workload(
+            "DaemonSet/fluent-bit",
+            source,
+            spec("50m", "25Mi", terms=[{"matchExpressions": [not_fargate]}]),
+            daemonset=True,
+            namespace=namespace,
+        ),
+        Workload(
+            "DaemonSet/dcgm-exporter",
+            source,
+            spec("250m", "128Mi", terms=[{"matchExpressions": [gpu_types]}]),
+            daemonset=True,
+            namespace=namespace,
+        ),
+        Workload(
+            "Deployment/amazon-cloudwatch-observability-controller-manager",
+            source,
+            spec("100m", "64Mi"),
+            namespace=namespace,
+        ),
+    ]
+
+
 # --- Predicates -----------------------------------------------------------------------
 def expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     key, op, values = expr["key"], expr["operator"], expr.get("values") or []

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cdk_constructs.observability import ADDON_LOG_GROUPS, ADDON_NAME, AGENT_SERVICE_ACCOUNT, RAY_METRICS_PORT
+from cdk_constructs.observability import ADDON_LOG_GROUPS, ADDON_NAME, AGENT_SERVICE_ACCOUNT
 from cdk_constructs.observability_payloads import render_rules
+from serve_config import METRICS_PORT as RAY_METRICS_PORT  # what the Ray pods listen on
 from settings.model import Settings, validate
 from tests.conftest import only, resources, synth
 

@@ -178,3 +178,26 @@ def test_every_affinity_operator(expression: dict[str, Any], labels: dict[str, s
         }
     }
     assert placement.required_affinity_matches(spec, labels) is matches
+
+
+# --- issue 20: the CloudWatch observability add-on's pods ---------------------------------------
+ADDON_DAEMONSETS = ("DaemonSet/cloudwatch-agent", "DaemonSet/fluent-bit")
+
+
+@pytest.mark.parametrize("version", list(KUBERNETES_VERSIONS))
+def test_the_observability_addons_pods_land_and_fit_at_the_system_groups_minimum(version: str) -> None:
+    result = placed(kubernetes_version=version)
+    assert result.failures == []
+    every_node = {n.name for n in result.nodes}
+    gpu_nodes = {n.name for n in result.nodes if n.labels.get("role") == "gpu-worker"}
+    assert len([n for n in result.nodes if n.labels.get("role") == "system"]) == 1, "the system group at its minimum"
+    for daemonset in ADDON_DAEMONSETS:
+        assert set(result.placed[daemonset]) == every_node, daemonset
+    assert set(result.placed["DaemonSet/dcgm-exporter"]) == gpu_nodes
+    assert len(result.placed["Deployment/amazon-cloudwatch-observability-controller-manager"]) == 1
+
+
+def test_observability_off_runs_none_of_the_addons_pods() -> None:
+    result = placed(observability="false")
+    assert result.failures == []
+    assert not any(name in result.placed for name in (*ADDON_DAEMONSETS, "DaemonSet/dcgm-exporter"))

@@ -204,3 +204,43 @@ def test_peer_and_port_semantics() -> None:
     assert not admits([policy], other_ns, pod, 8000) and admits([policy], other_ns, pod, 9005)
     assert not admits([policy], outside, pod, 8000)
     assert admits([], outside, pod, 1)
+
+
+# --- issue 20: what reaches the Ray pods' metrics port (8080) ------------------------------------
+def test_the_collector_reaches_every_ray_pods_metrics_port() -> None:
+    policies, peers, subnets = cluster()
+    # The managed collector's ENIs sit in the private subnets (cdk_constructs/observability.py).
+    collector = Peer("managed Prometheus collector ENI", address_in(subnets[0], 250))
+    assert refused(policies, [(collector, pod, METRICS_PORT) for pod in ray_pods(peers)]) == []
+
+
+def test_the_network_policy_cannot_tell_the_collector_from_any_pod_on_8080() -> None:
+    """What a NetworkPolicy can and cannot limit here: it admits 8080 by address, and with the VPC CNI every
+    pod's address is in the private subnets, so every pod of the cluster (the add-on's too, and a stranger's
+    copy of a Ray pod) reaches 8080; it still keeps them off every other Ray port. The security-group rule
+    from the collector's group is what admits the collector, and it admits it to 8080 only."""
+    policies, peers, subnets = cluster()
+    ray = ray_pods(peers)
+    others = outsiders(peers, subnets)
+    assert {p.namespace for p in others} >= {"amazon-cloudwatch", STRANGERS}
+    on_metrics = {s.name for s in others for d in ray if admits(policies, s, d, METRICS_PORT)}
+    assert on_metrics == {p.name for p in others}
+    elsewhere = {
+        f"{s.name} -> {d.name}:{port}"
+        for s in others
+        for d in ray
+        for port in RAY_PORTS
+        if port not in (METRICS_PORT, DASHBOARD_PORT, SERVE_PORT) and admits(policies, s, d, port)
+    }
+    assert elsewhere == set()
+    template = synth()
+    cluster_group = {"Fn::GetAtt": [next(iter(resources(template, "AWS::EKS::Cluster"))), "ClusterSecurityGroupId"]}
+    to_metrics = [
+        r["Properties"]
+        for r in resources(template, "AWS::EC2::SecurityGroupIngress").values()
+        if r["Properties"]["GroupId"] == cluster_group
+        and r["Properties"].get("FromPort", 0) <= METRICS_PORT <= r["Properties"].get("ToPort", 65535)
+    ]
+    (rule,) = to_metrics
+    assert rule["SourceSecurityGroupId"]["Fn::GetAtt"][0].startswith("ObservabilityScraperSecurityGroup")
+    assert (rule["FromPort"], rule["ToPort"]) == (METRICS_PORT, METRICS_PORT)

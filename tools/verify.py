@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, serve_service_name
 from settings import Settings, settings_from_cli
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER, IMAGE_NIXL_VERSION, IMAGE_RAY_VERSION, IMAGE_VLLM_VERSION
-from tools import image_probe
+from tools import image_probe, verify_observability
 from tools.cluster_access import (
     FAILED_TRANSFERS,
     PROMPT_TOKENS,
@@ -494,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from_cli(args.context)
     try:
         checks = run_checks(settings, args.provider)
+        # The pipeline, after verify's own request: every dashboard panel has data (tools/verify_observability.py).
+        checks += verify_observability.live_checks(settings)
     except ClusterUnreachableError as err:
         print(unreachable_message(settings, err), file=sys.stderr)
         return 2

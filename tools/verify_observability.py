@@ -216,3 +216,37 @@ def panel_checks(
         )
         for title, _ in queries
     ]
+
+
+def workspace_query(s: Settings) -> Query:
+    """Instant queries to this stack's workspace, found by its alias (cdk_constructs/observability.py)."""
+    import boto3
+
+    session = boto3.Session(region_name=s.effective_region) if s.effective_region else boto3.Session()
+    alias = f"{s.cluster_name}-metrics"
+    found = session.client("amp").list_workspaces(alias=alias)["workspaces"]
+    active = [w for w in found if w.get("alias") == alias and w["status"]["statusCode"] == "ACTIVE"]
+    if len(active) != 1:
+        raise LookupError(f"{len(active)} active managed Prometheus workspaces with alias {alias}")
+    endpoint = session.client("amp").describe_workspace(workspaceId=active[0]["workspaceId"])["workspace"][
+        "prometheusEndpoint"
+    ]
+    return sigv4_query(endpoint, session.region_name)
+
+
+def live_checks(s: Settings, query: Query | None = None, *, sleep: Callable[[float], None] = time.sleep) -> list[Any]:
+    """verify's pipeline check, after its own request: every panel of the Grafana dashboard has data.
+
+    Aggregated mode has no NIXL: its KV panels are not asked for."""
+    from tools.verify import Check
+
+    if not s.observability:
+        return []
+    try:
+        ask = query if query is not None else workspace_query(s)
+    except Exception as err:  # no credentials, no workspace: one FAIL row, not a crash
+        return [Check("observability: the stack's Prometheus workspace", False, f"{type(err).__name__}: {err}")]
+    panels = dashboard_queries()
+    if s.serving_mode == "aggregated":
+        panels = [(t, q) for t, q in panels if not any(m.startswith("ray_vllm_nixl_") for m in query_names(q).metrics)]
+    return panel_checks(panels, ask, wait_seconds=float(s.observability_scrape_interval_seconds), sleep=sleep)
