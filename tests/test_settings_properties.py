@@ -37,6 +37,8 @@ CANDIDATES: dict[str, list[Any]] = {
     "gpu_volume_gib": [100, 300, 99, 20000],
     "gpu_placement_group": [True, False, "true", "false", "perhaps"],
     "gpu_capacity_reservation_id": [None, "cr-0123456789abcdef0", "cr-1"],
+    "gpu_capacity_block": [False, True, "maybe"],
+    "capacity_block_end_warning_hours": [24, 0, 5000],
     "pod_imds_access": [True, False, "yes", "2"],
     "model_id": [*MODELS, "unknown/model"],
     "model_source": [None, "s3://bucket/models/qwen", "gs://bucket/m", "Qwen/Qwen3-8B", "not a source"],
@@ -44,6 +46,8 @@ CANDIDATES: dict[str, list[Any]] = {
     "gpu_memory_utilization": [0.5, 0.8, 0.9, 0.95, 0.99, "high"],
     "prefill_replicas": [1, 2, 4, 0, 17],
     "decode_replicas": [1, 2, 0, 20],
+    "prefill_tensor_parallel_size": [1, 2, 4, 8, 3],
+    "decode_tensor_parallel_size": [1, 2, 4, 8, 0],
     "serving_mode": ["disaggregated", "aggregated", "split"],
     "ray_image": ["public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0", "rayproject/ray:2.58.0", "bad"],
     "serving_namespace": ["llm", "LLM", "a" * 70],
@@ -64,6 +68,14 @@ CANDIDATES: dict[str, list[Any]] = {
         "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555",
         "arn:aws:acm::1:cert",
     ],
+    "observability": [True, False],
+    "observability_scrape_interval_seconds": [30, 15, 120],
+    "alarm_email": [None, "oncall@example.com", "not an address"],
+    "alarm_ttft_p99_seconds": [10.0, 0.5, 0],
+    "alarm_kv_throughput_floor_gb_per_s": [1.0, 0.25, -1],
+    "alarm_kv_cache_usage_ratio": [0.98, 0.9, 1.5],
+    "alarm_efa_flat_bytes_per_second": [10_000, 0, 20_000_000],
+    "alarm_pod_network_kv_bytes_per_second": [10_000_000, 5_000],
 }
 assert set(CANDIDATES) == set(SETTING_NAMES), "every setting needs candidates"
 
