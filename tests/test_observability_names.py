@@ -240,3 +240,33 @@ def test_live_checks_without_a_workspace_is_one_fail_row(monkeypatch: pytest.Mon
     (check,) = verify_observability.live_checks(SETTINGS)
     assert not check.ok and "alias pd-inference-metrics" in check.detail
     assert verify_observability.live_checks(validate(Settings(observability=False))) == []
+
+
+# --- the rehearsal phase (rehearsal/metric_names.py), on recorded scrapes -------------------------
+def _phase(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, texts: list[str]) -> list[Check]:
+    from rehearsal import metric_names
+    from rehearsal.network import DECODE_METRICS, PREFILL_METRICS
+
+    by_url = {PREFILL_METRICS: texts[0], DECODE_METRICS: texts[1]}
+    monkeypatch.setattr(metric_names, "metrics_text", lambda url: by_url[url])
+    ctx = type("Ctx", (), {"results": tmp_path, "metrics": {}})()
+    checks: list[Check] = metric_names.names_check(ctx)
+    return checks
+
+
+def test_the_rehearsal_phase_passes_on_the_recorded_scrape_and_writes_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (check,) = _phase(monkeypatch, tmp_path, recorded())
+    assert check.ok, check.detail
+    assert (tmp_path / "metrics_decode_node.prom").read_text() == recorded()[1]
+
+
+def test_the_rehearsal_phase_fails_on_a_scrape_without_a_panels_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    prefill, decode = recorded()
+    strip = "\n".join(line for line in decode.splitlines() if "ray_vllm_nixl_xfer_time_seconds" not in line)
+    prefill = "\n".join(line for line in prefill.splitlines() if "ray_vllm_nixl_xfer_time_seconds" not in line)
+    (check,) = _phase(monkeypatch, tmp_path, [prefill + "\n", strip + "\n"])
+    assert not check.ok and "ray_vllm_nixl_xfer_time_seconds_bucket" in check.detail
