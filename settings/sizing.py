@@ -10,6 +10,7 @@ Every constant has its source beside it; these are planning estimates, and
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -150,16 +151,18 @@ def engine_max_num_batched_tokens(s: Settings, side: str) -> int:
     return DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
-def activation_peak_bytes(model: catalog.ModelSpec, step_tokens: int) -> int:
-    """profile_run's torch peak: the larger of one step's forward pass and the sampler after it.
+def activation_peak_bytes(model: catalog.ModelSpec, step_tokens: int, tensor_parallel_size: int = 1) -> int:
+    """profile_run's torch peak on one GPU: the larger of one step's forward pass and the sampler after it.
 
     Forward: inside the MLP, the gate_up output (2 x intermediate) and the activated half
     (1 x intermediate) are alive beside the hidden states and the residual (2 x hidden), per
     token, in the model's dtype; attention's q, k, v are narrower in every catalog model.
-    Sampler: the step's hidden states are still held while max_num_seqs rows of logits go
-    through SAMPLER_BYTES_PER_LOGIT each.
+    Tensor parallelism splits the MLP's width across GPUs; the hidden states stay whole.
+    Sampler: the step's hidden states are still held while max_num_seqs rows of logits (the
+    whole vocabulary, gathered) go through SAMPLER_BYTES_PER_LOGIT each.
     """
-    forward = step_tokens * (2 * model.hidden_size + 3 * model.intermediate_size) * model.dtype_bytes
+    mlp = 3 * model.intermediate_size // tensor_parallel_size
+    forward = step_tokens * (2 * model.hidden_size + mlp) * model.dtype_bytes
     sampler = (
         step_tokens * model.hidden_size * model.dtype_bytes
         + DEFAULT_MAX_NUM_SEQS * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
@@ -192,29 +195,38 @@ class GpuMemoryPlan:
         return self.kv_cache >= self.one_sequence_kv
 
 
-def gpu_memory_plan(s: Settings, side: str = "prefill", utilization: float | None = None) -> GpuMemoryPlan:
-    """One engine's GPU memory at the settings' (or the given) gpu_memory_utilization."""
+def gpu_memory_plan(
+    s: Settings, side: str = "prefill", utilization: float | None = None, tensor_parallel_size: int = 1
+) -> GpuMemoryPlan:
+    """One GPU of one engine at the settings' (or the given) gpu_memory_utilization.
+
+    With tensor parallelism each GPU holds its share of the weights and of the KV heads
+    (vLLM replicates a KV head rather than split it, so the share stops at one head).
+    """
     model = s.model
     step = engine_max_num_batched_tokens(s, side)
     gpu_gib = s.gpu_instance.gpu_memory_gib
+    kv_heads_per_gpu = max(1, model.kv_heads // tensor_parallel_size)
     return GpuMemoryPlan(
         step_tokens=step,
         budget=gpu_gib * (s.gpu_memory_utilization if utilization is None else utilization),
-        weights=model.parameters_billion * 1e9 * model.dtype_bytes / 2**30,
+        weights=model.parameters_billion * 1e9 * model.dtype_bytes / tensor_parallel_size / 2**30,
         non_torch=NON_TORCH_GIB,
-        activations=activation_peak_bytes(model, step) / 2**30,
+        activations=activation_peak_bytes(model, step, tensor_parallel_size) / 2**30,
         cuda_graphs=CUDA_GRAPH_GIB,
-        one_sequence_kv=kv_cache_bytes_per_token(model) * s.max_model_len / 2**30,
+        one_sequence_kv=kv_cache_bytes_per_token(model) * kv_heads_per_gpu / model.kv_heads * s.max_model_len / 2**30,
     )
 
 
-def min_gpu_memory_utilization(s: Settings) -> float:
+def min_gpu_memory_utilization(s: Settings, tensor_parallel_sizes: Mapping[str, int] | None = None) -> float:
     """The smallest gpu_memory_utilization at which every engine holds one max_model_len sequence.
 
-    Prefill's step is the larger (up to PREFILL_STEP_CAP_TOKENS), so prefill decides.
+    With one GPU per engine prefill's step is the larger (up to PREFILL_STEP_CAP_TOKENS), so
+    prefill decides; tensor_parallel_sizes (per side, default 1) can move that to decode.
     """
-    need = max(gpu_memory_plan(s, side).before_kv + gpu_memory_plan(s, side).one_sequence_kv for side in SIDES)
-    return need / s.gpu_instance.gpu_memory_gib
+    sizes = tensor_parallel_sizes or {}
+    plans = [gpu_memory_plan(s, side, tensor_parallel_size=sizes.get(side, 1)) for side in SIDES]
+    return max(plan.before_kv + plan.one_sequence_kv for plan in plans) / s.gpu_instance.gpu_memory_gib
 
 
 def kv_cache_tokens(s: Settings, side: str = "decode") -> int:

@@ -173,3 +173,23 @@ def test_vllms_own_check_agrees_at_the_boundary() -> None:
     assert not vllm_starts(0.797)
     with pytest.raises(SettingsError):
         _load(gpu_memory_utilization="0.797")
+
+
+def test_tensor_parallelism_splits_the_weights_the_kv_heads_and_the_mlp() -> None:
+    """Qwen3-14B (40 layers, 8 KV heads, hidden 5120, MLP 17408) over 4 L4s of a g6.12xlarge, 8192-token prefill step.
+
+    Per GPU: weights 14.8e9 x 2 B / 4 = 6.8917 GiB; KV for one 8192-token sequence: 2 of the 8 KV heads,
+    2 x 40 x 2 x 128 x 2 B x 8192 = 0.3125 GiB; forward 8192 x (2 x 5120 + 3 x 17408 / 4) x 2 B = 0.35547 GiB,
+    under the sampler's 8192 x 5120 x 2 B + 256 x 151,936 x 10 B = 0.44037 GiB (the logits are gathered whole).
+    With CUDA graphs 0.52 and non-torch 0.4: 8.5646 GiB of 22.5, a utilization of at least 0.38065.
+    """
+    s = Settings(model_id="Qwen/Qwen3-14B", gpu_instance_type="g6.12xlarge")
+    plan = sizing.gpu_memory_plan(s, "prefill", tensor_parallel_size=4)
+    assert plan.weights == pytest.approx(6.8917, abs=1e-4)
+    assert plan.one_sequence_kv == pytest.approx(0.3125)
+    assert plan.activations == pytest.approx(0.44037, abs=1e-5)
+    assert sizing.min_gpu_memory_utilization(s, {"prefill": 4, "decode": 4}) == pytest.approx(0.38065, abs=1e-4)
+    # More GPUs than KV heads: vLLM replicates a head rather than split it (Qwen2.5-7B has 4).
+    qwen25 = Settings(model_id="Qwen/Qwen2.5-7B-Instruct")
+    one_head = sizing.gpu_memory_plan(qwen25, tensor_parallel_size=8).one_sequence_kv
+    assert one_head == pytest.approx(sizing.gpu_memory_plan(qwen25, tensor_parallel_size=4).one_sequence_kv)
