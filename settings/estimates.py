@@ -71,6 +71,70 @@ def cost_summary(s: Settings) -> str:
     return text + ")"
 
 
+# --- Observability (issue 20), per month ---------------------------------------------
+# Series the Ray pods export, measured: the pd rehearsal's scrape of both nodes on 2026-12-01
+# (tests/data/observability_scrape_*.prom.gz): node A (the head and one prefill worker) 2561,
+# node B (one decode worker) 1154. So about 1154 per worker and 1407 for the head.
+RAY_SERIES_PER_WORKER = 1154
+RAY_SERIES_HEAD = 2561 - RAY_SERIES_PER_WORKER
+# Amazon Managed Service for Prometheus pricing, us-east-1: ingestion, first 2 billion samples a
+# month; storage (a sample is 1-2 bytes, say 2, metadata extra).
+AMP_PER_10M_SAMPLES = 0.90
+AMP_STORAGE_PER_GB_MONTH = 0.03
+# UNVERIFIED (not in the dated price file, not read from the pricing page here): the managed
+# collector's hourly charge; its per-sample charge is not counted.
+AMP_COLLECTOR_PER_HOUR = 0.04
+# UNVERIFIED as above: Container Insights with enhanced observability is billed per observation,
+# tiered; this is an assumed first-tier price. Observations: about 30 a minute per node and per pod
+# and 12 per container (the agent's metric declarations), GPU and EFA extra.
+CONTAINER_INSIGHTS_PER_1M_OBSERVATIONS = 0.21
+# CloudWatch pricing, us-east-1: logs ingested, a standard alarm (a Metrics Insights query alarm
+# may cost more), a composite alarm, a dashboard beyond an account's first three.
+LOGS_PER_GB = 0.50
+ALARM_PER_MONTH = 0.10
+COMPOSITE_ALARM_PER_MONTH = 0.50
+DASHBOARD_PER_MONTH = 3.00
+# Container logs Fluent Bit ships: the containers' stdout and stderr only. Ray, vLLM and NIXL
+# (NIXL_LOG_LEVEL=INFO) write their logs to files under the pod's /tmp/ray, which are not shipped;
+# the pd rehearsal wrote 0.74 MB of them in 166 s, start-up included. Assumed: 2 GB a month.
+CONTAINER_LOGS_GB_PER_MONTH = 2.0
+OBSERVED_PODS_PER_NODE = 10  # system pods, device plugins, the add-on's, Ray's: about
+
+
+def ray_series(s: Settings) -> int:
+    return RAY_SERIES_HEAD + RAY_SERIES_PER_WORKER * (s.prefill_replicas + s.decode_replicas)
+
+
+def observability_monthly_cost(s: Settings) -> list[CostLine]:
+    """What observability adds per month (as CostLine per hour, to sit beside hourly_cost), or nothing when off."""
+    if not s.observability:
+        return []
+    seconds = HOURS_PER_MONTH * 3600
+    samples = ray_series(s) * seconds / s.observability_scrape_interval_seconds
+    nodes = s.system_nodes_desired + s.gpu_nodes
+    observations = (nodes * 30 + nodes * OBSERVED_PODS_PER_NODE * (30 + 12)) * seconds / 60
+    per_month = {
+        f"managed Prometheus ingestion ({samples / 1e6:.0f}M samples)": samples / 1e7 * AMP_PER_10M_SAMPLES,
+        "managed Prometheus storage": samples * 2 / 2**30 * AMP_STORAGE_PER_GB_MONTH,
+        "managed Prometheus collector (price unverified)": AMP_COLLECTOR_PER_HOUR * HOURS_PER_MONTH,
+        f"Container Insights ({observations / 1e6:.0f}M observations, price unverified)": (
+            observations / 1e6 * CONTAINER_INSIGHTS_PER_1M_OBSERVATIONS
+        ),
+        f"container logs ({CONTAINER_LOGS_GB_PER_MONTH:g} GB assumed)": CONTAINER_LOGS_GB_PER_MONTH * LOGS_PER_GB,
+        "3 alarms, 1 composite, 1 dashboard": 3 * ALARM_PER_MONTH + COMPOSITE_ALARM_PER_MONTH + DASHBOARD_PER_MONTH,
+    }
+    return [CostLine(item, 1, cost / HOURS_PER_MONTH) for item, cost in per_month.items()]
+
+
+def observability_summary(s: Settings) -> str:
+    lines = observability_monthly_cost(s)
+    if not lines:
+        return "observability off"
+    total = sum(line.per_hour or 0.0 for line in lines) * HOURS_PER_MONTH
+    interval = s.observability_scrape_interval_seconds
+    return f"observability ~${total:.0f}/month ({ray_series(s)} Ray series every {interval} s)"
+
+
 # --- The KV-transfer plan and whether P/D pays ---------------------------------------
 def _gb_per_s(bounds: tuple[float, float]) -> str:
     return f"{bounds[0] / 1e9:g}-{bounds[1] / 1e9:g} GB/s"

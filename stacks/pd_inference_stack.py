@@ -23,7 +23,7 @@ from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
 from cdk_constructs.system_nodes import SystemNodes
 from settings import Settings
 from settings.catalog import KUBERAY_OPERATOR
-from settings.estimates import PRICE_SOURCE, cost_summary
+from settings.estimates import PRICE_SOURCE, cost_summary, observability_summary
 from settings.model import s3_model_location
 
 
@@ -77,6 +77,7 @@ class PdInferenceStack(Stack):
             volume_gib=settings.gpu_root_volume_gib,
             placement_group=settings.gpu_placement_group,
             capacity_reservation_id=settings.gpu_capacity_reservation_id,
+            capacity_block=settings.gpu_capacity_block,
             pods_reach_imds=settings.pod_imds_access,
             local_nvme_raid0=settings.gpu_instance.instance_store_gb > 0,
         )
@@ -232,6 +233,12 @@ class PdInferenceStack(Stack):
                 description="Imports observability/dashboard.json (KV path and latency panels) into a Grafana",
             )
             CfnOutput(self, "AlarmTopicArn", value=watch.topic.topic_arn, description="Every alarm goes here")
+            CfnOutput(
+                self,
+                "EstimatedObservabilityPerMonth",
+                value=observability_summary(settings),
+                description="Monthly estimate of the metrics, logs and alarms (settings/estimates.py)",
+            )
 
         CfnOutput(
             self,

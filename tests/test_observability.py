@@ -247,3 +247,18 @@ def test_the_outputs_name_the_dashboard_the_workspace_and_the_import_command() -
     assert "tools.import_dashboard" in json.dumps(outputs["GrafanaImportCommand"]["Value"])
     assert "AlarmTopicArn" in outputs
     assert not {"DashboardUrl", "PrometheusQueryUrl"} & set(synth(observability="false")["Outputs"])
+
+
+def test_the_monthly_estimate_counts_the_measured_series_at_the_interval() -> None:
+    from settings.estimates import HOURS_PER_MONTH, observability_monthly_cost, ray_series
+
+    s = validate(Settings())
+    # 1407 for the head + 1154 per worker (the recorded pd scrape), every 30 s for 730 h.
+    assert ray_series(s) == 3715
+    lines = {line.item: (line.per_hour or 0) * HOURS_PER_MONTH for line in observability_monthly_cost(s)}
+    (ingestion,) = [cost for item, cost in lines.items() if item.startswith("managed Prometheus ingestion")]
+    assert ingestion == pytest.approx(3715 * 730 * 3600 / 30 / 1e7 * 0.90)
+    slower = validate(Settings(observability_scrape_interval_seconds=60))
+    assert sum(line.per_hour or 0 for line in observability_monthly_cost(slower)) < sum(lines.values()) / 730
+    assert observability_monthly_cost(validate(Settings(observability=False))) == []
+    assert synth()["Outputs"]["EstimatedObservabilityPerMonth"]["Value"].startswith("observability ~$80/month")
