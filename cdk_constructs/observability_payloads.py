@@ -14,6 +14,8 @@ import string
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from settings import Settings
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "observability"
@@ -32,15 +34,24 @@ POD_SCHEMA = f"SCHEMA({CONTAINER_INSIGHTS}, ClusterName, Namespace, PodName)"
 
 
 def render_rules(s: Settings) -> str:
-    """rules.yaml with the alarm thresholds and replica minimums of these settings."""
-    return string.Template(RULES_FILE.read_text()).substitute(
+    """rules.yaml with the alarm thresholds and replica minimums of these settings, and only the
+    rules of its serving mode."""
+    text = string.Template(RULES_FILE.read_text()).substitute(
         TTFT_P99_TARGET_SECONDS=f"{s.alarm_ttft_p99_seconds:g}",
         KV_THROUGHPUT_FLOOR_BYTES_PER_SECOND=f"{s.alarm_kv_throughput_floor_gb_per_s * 1e9:.0f}",
         KV_CACHE_USAGE_ALARM_RATIO=f"{s.alarm_kv_cache_usage_ratio:g}",
         PREFILL_REPLICAS=str(s.prefill_replicas),
         DECODE_REPLICAS=str(s.decode_replicas),
+        ALL_REPLICAS=str(s.prefill_replicas + s.decode_replicas),
         NAMESPACE=s.serving_namespace,
     )
+    rules = yaml.safe_load(text)
+    for group in rules["groups"]:
+        group["rules"] = [
+            r for r in group["rules"] if r.get("labels", {}).get("serving_mode", s.serving_mode) == s.serving_mode
+        ]
+    dumped: str = yaml.safe_dump(rules, sort_keys=False, width=1000)
+    return dumped
 
 
 def render_scrape(s: Settings, cluster_arn: str) -> str:

@@ -183,6 +183,17 @@ def test_the_rules_file_is_prometheus_rules_with_an_expression_each() -> None:
     }
 
 
+def test_aggregated_mode_alarms_on_its_one_engine_deployment_and_asks_nothing_of_nixl() -> None:
+    aggregated = validate(Settings(serving_mode="aggregated"))
+    groups = yaml.safe_load(observability_payloads.render_rules(aggregated))["groups"]
+    rules = {r["alert"]: r["expr"] for g in groups for r in g["rules"]}
+    assert set(rules) == {"TtftP99AboveTarget", "KvCachePinned", "EngineReplicasBelowMinimum"}
+    assert 'deployment=~"LLMServer:.*"}) < 2 or absent' in rules["EngineReplicasBelowMinimum"]
+    assert not any("nixl" in expr for expr in rules.values())
+    for expr in rules.values():
+        query_names(expr)
+
+
 # --- verify's live check, against a fake workspace --------------------------------------------
 def _fake(empty: set[str]) -> Any:
     def query(promql: str) -> list[Any]:
