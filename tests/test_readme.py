@@ -23,7 +23,7 @@ def test_first_two_commands_are_make_targets() -> None:
 
 def test_every_setting_is_in_the_settings_table() -> None:
     table = README.split("| setting | default | what it does |", 1)[1].split("\n\n", 1)[0]
-    documented = set(re.findall(r"`([a-z_]+)`", table))
+    documented = set(re.findall(r"`([a-z0-9_]+)`", table))  # digits too: alarm_ttft_p99_seconds
     # A row like `system_nodes_min` / `_desired` / `_max` names a family once.
     for stem, *suffixes in re.findall(r"`([a-z_]+)_[a-z]+` / `(_[a-z]+)`(?: / `(_[a-z]+)`)?", table):
         documented.update(stem + suffix for suffix in suffixes if suffix)
