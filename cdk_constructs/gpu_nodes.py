@@ -11,7 +11,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from cdk_constructs.node_common import LT, node_launch_template_data, node_role, nodeadm_user_data
-from settings.catalog import DEFAULT_GPU_INSTANCE_TYPE
+from settings.catalog import DEFAULT_GPU_INSTANCE_TYPE, INSTANCE_TYPES
 
 GPU_NODE_LABELS: Mapping[str, str] = {"role": "gpu-worker"}
 # The NVIDIA device plugin chart (0.20.0) requires this label (or an NFD one) in its
@@ -23,13 +23,32 @@ GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "true"
 
 
+def network_interface_layout(instance_type: str) -> list[tuple[int, int, str]]:
+    """(network card index, device index, interface type) for every interface a GPU node gets.
+
+    One card: one EFA-with-ENA interface, card 0 device 0. Several cards, where the type takes
+    EFA-only interfaces, the EC2 User Guide's layout ("Maximize network bandwidth on Amazon EC2
+    instances with multiple network cards"): card 0 device 0 the ENA interface (an EFA-only one
+    cannot be primary), card 0 device 1 efa-only, every other card device 0 efa-only. Several
+    cards where efa-only is unconfirmed: an EFA-with-ENA interface on device 0 of each card.
+    One EFA per card, so the interfaces are as many as the type's EFA devices (settings/catalog.py).
+    """
+    spec = INSTANCE_TYPES[instance_type]
+    cards = spec.efa_interfaces
+    if cards <= 1:
+        return [(0, 0, "efa")]
+    if spec.efa_only:
+        return [(0, 0, "interface"), (0, 1, "efa-only"), *((card, 0, "efa-only") for card in range(1, cards))]
+    return [(card, 0, "efa") for card in range(cards)]
+
+
 def gpu_toleration() -> dict[str, str]:
     """The toleration a pod needs to land on a GPU node."""
     return {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 
 
 class EfaGpuNodes(Construct):
-    """GPU nodes with one EFA interface each, tainted so only GPU pods land there.
+    """GPU nodes with an EFA interface on every network card, tainted so only GPU pods land there.
 
     Args:
         cluster: the cluster the nodes join; its security group goes on the EFA
@@ -44,6 +63,9 @@ class EfaGpuNodes(Construct):
             the journal): settings/sizing.py gpu_root_volume_gib sizes it for the type.
         placement_group: put the nodes in a new cluster placement group; default True.
         capacity_reservation_id: launch into this EC2 capacity reservation; default None.
+        capacity_block: that reservation is a Capacity Block for ML: the node group's capacity
+            type CAPACITY_BLOCK and the launch template's market type capacity-block (EKS user
+            guide, capacity-blocks-mng); default False.
         pods_reach_imds: IMDS hop limit 2 instead of 1; default False.
         local_nvme_raid0: assemble the instance store as RAID0 through nodeadm's
             localStorage (it holds kubelet's and containerd's state and the model
@@ -67,6 +89,7 @@ class EfaGpuNodes(Construct):
         volume_gib: int = 300,
         placement_group: bool = True,
         capacity_reservation_id: str | None = None,
+        capacity_block: bool = False,
         pods_reach_imds: bool = False,
         local_nvme_raid0: bool = False,
     ) -> None:
@@ -96,16 +119,19 @@ class EfaGpuNodes(Construct):
                     capacity_reservation_id=capacity_reservation_id
                 )
             )
+        if capacity_block:
+            extra["instance_market_options"] = LT.InstanceMarketOptionsProperty(market_type="capacity-block")
         # The L2 LaunchTemplate cannot declare an EFA interface; the subnet
         # stays on the node group, never here.
         extra["network_interfaces"] = [
             LT.NetworkInterfaceProperty(
-                device_index=0,
-                network_card_index=0,
-                interface_type="efa",
+                device_index=device,
+                network_card_index=card,
+                interface_type=kind,
                 delete_on_termination=True,
                 groups=[cluster.cluster_security_group_id, self.efa_security_group.security_group_id],
             )
+            for card, device, kind in network_interface_layout(instance_type)
         ]
         if local_nvme_raid0:
             extra["user_data"] = Fn.base64(nodeadm_user_data({"instance": {"localStorage": {"strategy": "RAID0"}}}))
@@ -127,7 +153,9 @@ class EfaGpuNodes(Construct):
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref, version=self.launch_template.attr_latest_version_number
             ),
-            # Two fixed GPUs: replace one node at a time.
+            # Two fixed GPUs: replace one node at a time. A Capacity Block group is updated by
+            # EKS only at desired size 0 (README "Capacity Blocks"): this setting then never applies.
             max_unavailable=1,
+            capacity_type=eks.CapacityType.CAPACITY_BLOCK if capacity_block else None,
             node_role=self.role,
         )

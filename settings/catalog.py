@@ -151,30 +151,105 @@ class InstanceSpec:
     # Local NVMe instance store in GB (0: EBS only), from each type's EC2
     # "instance store" specification (unconfirmed offline); nodeadm assembles it as RAID0.
     instance_store_gb: int = 0
+    # Network cards (DescribeInstanceTypes NetworkInfo.MaximumNetworkCards); at most one
+    # EFA per card, so efa_interfaces <= network_cards. preflight compares both with EC2.
+    network_cards: int = 1
+    # Whether the type takes EFA-only interfaces (EFA device, no ENA, no IP address). Where
+    # it does, a multi-card type gets the EC2 User Guide's layout ("Maximize network
+    # bandwidth on Amazon EC2 instances with multiple network cards"): card 0 device 0 ENA,
+    # card 0 device 1 efa-only, every other card device 0 efa-only. Where unconfirmed, every
+    # card gets an EFA-with-ENA interface, which every EFA type accepts.
+    efa_only: bool = False
+    # USD per hour on demand in PRICE_REGION; None: no price recorded. Sources in INSTANCE_PRICE_SOURCES.
+    price_per_hour: float | None = None
+
+    @property
+    def efa_per_gpu(self) -> float:
+        """EFA devices per GPU: a pod holding n GPUs holds n times this many."""
+        return self.efa_interfaces / self.gpus if self.gpus else 0.0
 
 
 # Sources: EC2 instance type pages (accelerated computing; network
-# specifications; EFA supported instance types), ../shared/FACTS.md
-# (g6.8xlarge, m7i.xlarge, GPUDirect RDMA only on p4d and later:
-# aws/aws-ofi-nccl#547), NVIDIA datasheets for dense (non-sparse) BF16
-# tensor TFLOPS: L4 121, L40S 362, A100 312, H100 SXM 989; A10G has no
-# public datasheet, 70 is the A10's figure scaled to its clocks (unconfirmed).
+# specifications: network cards and maximum EFA interfaces; EFA supported instance
+# types), ../shared/FACTS.md (g6.8xlarge, m7i.xlarge, GPUDirect RDMA only on p4d
+# and later: aws/aws-ofi-nccl#547), NVIDIA datasheets for dense (non-sparse) BF16
+# tensor TFLOPS: L4 121, L40S 362, A100 312, H100 SXM 989; A10G has no public
+# datasheet, 70 is the A10's figure scaled to its clocks (unconfirmed).
+# Network cards and EFA interfaces: EC2 User Guide "Network cards" and "Maximize
+# network bandwidth ... multiple network cards" (p5.48xlarge: 32 EFA devices and one
+# ENA, its run-instances example); the G types with EFA: one card, one EFA.
+# g6e.48xlarge (4 cards, 4 EFA) and p4d.24xlarge (4 cards, 4 EFA) from the same
+# network-specification table, read from memory and unconfirmed offline: preflight
+# checks cards and EFA interfaces against DescribeInstanceTypes before a deploy.
+# efa-only: documented for P5 (the example above); elsewhere unconfirmed, so False.
+PRICE_REGION = "us-east-1"
+INSTANCE_PRICE_SOURCES: Mapping[str, str] = MappingProxyType(
+    {
+        "g6.8xlarge": "AWS price list file for us-east-1, 2026-07-20 (../shared/FACTS.md)",
+        "m7i.xlarge": "AWS price list file for us-east-1, 2026-07-20 (../shared/FACTS.md)",
+        "m7i.2xlarge": "m7i.xlarge x 2 (EC2 on-demand scales linearly within a family)",
+        "m7i.4xlarge": "m7i.xlarge x 4 (EC2 on-demand scales linearly within a family)",
+        "p5.48xlarge": "datareceipts/data-receipts 109-gpu-pricing/hyperscalers.json, retrieved 2026-11-09 "
+        "(third-party copy of the AWS price; unconfirmed against AWS's price file)",
+        "p4d.24xlarge": "datareceipts/data-receipts 109-gpu-pricing/hyperscalers.json, retrieved 2026-11-09 "
+        "(third-party copy of the AWS price; unconfirmed against AWS's price file)",
+        "g6e.12xlarge": "Amazon EC2 G6e instance page, on-demand (read from memory; unconfirmed offline)",
+    }
+)
 INSTANCE_TYPES: Mapping[str, InstanceSpec] = MappingProxyType(
     {
-        "m7i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58),
-        "m7i.2xlarge": InstanceSpec(8, 32, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58),
-        "m7i.4xlarge": InstanceSpec(16, 64, 0, 0, "", 0.0, False, 12.5, 0.0, "", 234),
+        "m7i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58, price_per_hour=0.2016),
+        "m7i.2xlarge": InstanceSpec(8, 32, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58, price_per_hour=0.4032),
+        "m7i.4xlarge": InstanceSpec(16, 64, 0, 0, "", 0.0, False, 12.5, 0.0, "", 234, price_per_hour=0.8064),
         "m6i.xlarge": InstanceSpec(4, 16, 0, 0, "", 0.0, False, 12.5, 0.0, "", 58),
-        "g6.8xlarge": InstanceSpec(32, 128, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4", 234, 900),
+        "g6.8xlarge": InstanceSpec(
+            32, 128, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4", 234, 900, price_per_hour=2.0144
+        ),
         "g6.12xlarge": InstanceSpec(48, 192, 1, 4, "L4", 22.5, False, 40.0, 121.0, "L4", 234, 3760),
         "g6.16xlarge": InstanceSpec(64, 256, 1, 1, "L4", 22.5, False, 25.0, 121.0, "L4", 737, 1880),
         "g6.2xlarge": InstanceSpec(8, 32, 0, 1, "L4", 22.5, False, 10.0, 121.0, "L4", 58, 450),
         "g6e.8xlarge": InstanceSpec(32, 256, 1, 1, "L40S", 44.5, False, 25.0, 362.0, "L40S", 234, 900),
-        "g6e.12xlarge": InstanceSpec(48, 384, 1, 4, "L40S", 44.5, False, 100.0, 362.0, "L40S", 234, 3800),
+        "g6e.12xlarge": InstanceSpec(
+            48, 384, 1, 4, "L40S", 44.5, False, 100.0, 362.0, "L40S", 234, 3800, price_per_hour=10.49264
+        ),
+        "g6e.48xlarge": InstanceSpec(
+            192, 1536, 4, 8, "L40S", 44.5, False, 400.0, 362.0, "L40S", 737, 7600, network_cards=4
+        ),
         "g5.8xlarge": InstanceSpec(32, 128, 1, 1, "A10G", 22.0, False, 25.0, 70.0, "A10G", 234, 900),
         "g5.12xlarge": InstanceSpec(48, 192, 1, 4, "A10G", 22.0, False, 40.0, 70.0, "A10G", 234, 3800),
-        "p4d.24xlarge": InstanceSpec(96, 1152, 4, 8, "A100", 39.5, True, 400.0, 312.0, "A100-40G", 737, 8000),
-        "p5.48xlarge": InstanceSpec(192, 2048, 32, 8, "H100", 79.0, True, 3200.0, 989.0, "H100", 100, 30720),
+        "p4d.24xlarge": InstanceSpec(
+            96,
+            1152,
+            4,
+            8,
+            "A100",
+            39.5,
+            True,
+            400.0,
+            312.0,
+            "A100-40G",
+            737,
+            8000,
+            network_cards=4,
+            price_per_hour=21.957642,
+        ),
+        "p5.48xlarge": InstanceSpec(
+            192,
+            2048,
+            32,
+            8,
+            "H100",
+            79.0,
+            True,
+            3200.0,
+            989.0,
+            "H100",
+            100,
+            30720,
+            network_cards=32,
+            efa_only=True,
+            price_per_hour=55.04,
+        ),
     }
 )
 
@@ -228,6 +303,14 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
         ),
         "mistralai/Mistral-7B-Instruct-v0.3": ModelSpec(
             7.25, 32, 8, 128, 2, True, 32768, hidden_size=4096, intermediate_size=14336, vocab_size=32768
+        ),
+        # A 70B-class model: config.json of meta-llama/Llama-3.3-70B-Instruct (hidden_size 8192,
+        # intermediate_size 28672, num_hidden_layers 80, num_attention_heads 64 so head_dim 128,
+        # num_key_value_heads 8, vocab_size 128256, max_position_embeddings 131072, bfloat16;
+        # the same as Llama-3.1-70B-Instruct's), 70.6B parameters per its card. Gated. Read
+        # from copies of that config.json in public repositories (the Hub is unreachable here).
+        "meta-llama/Llama-3.3-70B-Instruct": ModelSpec(
+            70.6, 80, 8, 128, 2, True, 131072, hidden_size=8192, intermediate_size=28672, vocab_size=128256
         ),
     }
 )

@@ -77,6 +77,11 @@ class Settings:
     gpu_volume_gib: int | None = None
     gpu_placement_group: bool = True
     gpu_capacity_reservation_id: str | None = None
+    # That reservation is a Capacity Block for ML: the node group's capacity type
+    # CAPACITY_BLOCK and the launch template's market type capacity-block. The block's
+    # end terminates its instances; preflight warns when it ends within the hours below.
+    gpu_capacity_block: bool = False
+    capacity_block_end_warning_hours: int = 24
     # Pods may reach the instance metadata service (hop limit 2) only if asked.
     pod_imds_access: bool = False
 
@@ -87,6 +92,11 @@ class Settings:
     gpu_memory_utilization: float = 0.90
     prefill_replicas: int = 1
     decode_replicas: int = 1
+    # GPUs per engine replica on each side (vLLM tensor_parallel_size); the sides may
+    # differ where vLLM 0.26's NixlConnector allows it (_validate_tensor_parallel). Each
+    # replica is one Ray worker pod holding its GPUs and their share of the EFA devices.
+    prefill_tensor_parallel_size: int = 1
+    decode_tensor_parallel_size: int = 1
     # aggregated: prefill_replicas + decode_replicas replicas that each do both,
     # on the same GPU nodes, for comparing the two (README "Should I disaggregate?").
     serving_mode: str = "disaggregated"
@@ -136,8 +146,21 @@ class Settings:
 
     @property
     def gpu_nodes(self) -> int:
-        """One GPU node per prefill or decode replica."""
-        return self.prefill_replicas + self.decode_replicas
+        """Each side's own nodes, every GPU of them serving (one per replica at tensor parallel size 1)."""
+        return self.side_nodes("prefill") + self.side_nodes("decode")
+
+    def tensor_parallel_size(self, side: str) -> int:
+        return self.prefill_tensor_parallel_size if side == "prefill" else self.decode_tensor_parallel_size
+
+    def side_replicas(self, side: str) -> int:
+        return self.prefill_replicas if side == "prefill" else self.decode_replicas
+
+    def replicas_per_node(self, side: str) -> int:
+        """Engine replicas (Ray worker pods) of a side on one of its nodes."""
+        return max(1, self.gpu_instance.gpus // self.tensor_parallel_size(side))
+
+    def side_nodes(self, side: str) -> int:
+        return math.ceil(self.side_replicas(side) / self.replicas_per_node(side))
 
     @property
     def gpu_root_volume_gib(self) -> int:
@@ -302,14 +325,12 @@ def validate(s: Settings) -> Settings:
     )
 
     gpu = catalog.INSTANCE_TYPES.get(s.gpu_instance_type)
-    # One GPU per node until tensor parallelism exists: on a 4- or 8-GPU type each
-    # worker would use one GPU and one EFA card and leave the rest idle at full price.
-    gpu_types = sorted(k for k, v in catalog.INSTANCE_TYPES.items() if v.gpus == 1 and v.efa_interfaces)
+    gpu_types = sorted(k for k, v in catalog.INSTANCE_TYPES.items() if v.gpus and v.efa_interfaces)
     _require(
-        gpu is not None and gpu.gpus == 1 and gpu.efa_interfaces > 0,
+        gpu is not None and gpu.gpus >= 1 and gpu.efa_interfaces > 0,
         "gpu_instance_type",
         s.gpu_instance_type,
-        f"an instance type with a GPU and EFA, and one GPU per node (no tensor parallelism yet): {gpu_types}",
+        f"an instance type with a GPU and EFA: {gpu_types}",
     )
     if s.gpu_availability_zone is not None:
         region = s.effective_region or ""
@@ -373,6 +394,8 @@ def validate(s: Settings) -> Settings:
     _require(1 <= s.decode_replicas <= 16, "decode_replicas", s.decode_replicas, "1 to 16")
     _require(s.serving_mode in SERVING_MODES, "serving_mode", s.serving_mode, f"one of {list(SERVING_MODES)}")
     assert gpu is not None
+    _validate_tensor_parallel(s)
+    _validate_capacity_block(s)
     # vLLM starts only if, after the weights and what the largest step sets aside (prefill's,
     # in disaggregated mode), one max_model_len sequence of KV fits (settings/sizing.py gpu_memory_plan).
     least = min_gpu_memory_utilization(s)
@@ -447,6 +470,78 @@ def validate(s: Settings) -> Settings:
     _validate_endpoint_keys(s)
     _validate_observability(s)
     return s
+
+
+def _validate_capacity_block(s: Settings) -> None:
+    """A Capacity Block for ML is a capacity reservation launched with market type capacity-block."""
+    _require(
+        not s.gpu_capacity_block or s.gpu_capacity_reservation_id is not None,
+        "gpu_capacity_block",
+        s.gpu_capacity_block,
+        "set with gpu_capacity_reservation_id (the Capacity Block's reservation id, cr-...)",
+    )
+    _require(
+        0 <= s.capacity_block_end_warning_hours <= 24 * 182,
+        "capacity_block_end_warning_hours",
+        s.capacity_block_end_warning_hours,
+        "0 to 4368 hours (a Capacity Block lasts at most 182 days)",
+    )
+
+
+# Tensor-parallel sizes a node's GPUs split into.
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+
+
+def _validate_tensor_parallel(s: Settings) -> None:
+    """Every GPU of every GPU node serves, every pod holds whole EFA devices, and vLLM 0.26's
+    NixlConnector accepts the pair (the rules read from its source, cited at each check)."""
+    gpu = s.gpu_instance
+    for side in ("prefill", "decode"):
+        key, tp = f"{side}_tensor_parallel_size", s.tensor_parallel_size(side)
+        fits = [t for t in TENSOR_PARALLEL_SIZES if t <= gpu.gpus and gpu.gpus % t == 0]
+        _require(tp in fits, key, tp, f"one of {fits}: a divisor of {s.gpu_instance_type}'s {gpu.gpus} GPUs")
+        pods = gpu.gpus // tp
+        # The EFA device plugin gives each device to one pod (EKS user guide, device-management-efa).
+        whole = [t for t in fits if gpu.efa_interfaces % (gpu.gpus // t) == 0]
+        _require(
+            gpu.efa_interfaces % pods == 0,
+            key,
+            tp,
+            f"{s.gpu_instance_type} has {gpu.efa_interfaces} EFA device(s) for {gpu.gpus} GPUs: {pods} pods per node "
+            f"cannot each hold whole EFA devices; use one of {whole}",
+        )
+        replicas = s.side_replicas(side)
+        idle = (-replicas) % pods * tp
+        other_sizes = [t for t in whole if (replicas * t) % gpu.gpus == 0]
+        _require(
+            idle == 0,
+            f"{side}_replicas",
+            replicas,
+            f"{replicas} replica(s) of {tp} GPU(s) leave {idle} of {s.gpu_instance_type}'s {gpu.gpus} GPUs idle on a "
+            f"{side} node; fits: {side}_replicas={replicas + (-replicas) % pods}"
+            + (f", or {side}_tensor_parallel_size={other_sizes[0]}" if other_sizes else ""),
+        )
+    p, d = s.prefill_tensor_parallel_size, s.decode_tensor_parallel_size
+    if s.serving_mode == "aggregated":
+        _require(p == d, "decode_tensor_parallel_size", d, f"equal to prefill_tensor_parallel_size {p} when aggregated")
+        return
+    # vllm/distributed/kv_transfer/kv_connector/utils.py, TransferTopology.tp_ratio: asserts divisibility.
+    _require(
+        max(p, d) % min(p, d) == 0,
+        "decode_tensor_parallel_size",
+        d,
+        f"a size that divides or is divided by prefill_tensor_parallel_size {p} (vLLM NixlConnector tp_ratio)",
+    )
+    # nixl/base_worker.py, _validate_remote_agent_handshake: with prefill TP > decode TP, a
+    # prefill that replicates KV heads (TP > num_key_value_heads) is refused at the handshake.
+    heads = s.model.kv_heads
+    _require(
+        not (p > d and p > heads),
+        "prefill_tensor_parallel_size",
+        p,
+        f"at most {heads} (the KV heads of {s.model_id}) when larger than decode_tensor_parallel_size {d} "
+        "(vLLM NixlConnector refuses replicated KV heads from a larger prefill TP)",
+    )
 
 
 def _validate_endpoint_keys(s: Settings) -> None:

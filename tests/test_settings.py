@@ -19,15 +19,13 @@ from tests.conftest import PROJECT_CONTEXT, ROOT
 BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
     ({"gpu_instnce_type": "g6.8xlarge"}, "gpu_instnce_type", "did you mean 'gpu_instance_type'?"),
     ({"zzz": "1"}, "zzz", "settings are ["),
-    ({"gpu_instance_type": "g6.12xlarge"}, "gpu_instance_type", "one GPU per node"),
-    ({"gpu_instance_type": "g6e.12xlarge"}, "gpu_instance_type", "one GPU per node"),
-    ({"gpu_instance_type": "g5.12xlarge"}, "gpu_instance_type", "one GPU per node"),
-    (
-        {"gpu_instance_type": "p4d.24xlarge"},
-        "gpu_instance_type",
-        "['g5.8xlarge', 'g6.16xlarge', 'g6.8xlarge', 'g6e.8xlarge']",
-    ),
-    ({"gpu_instance_type": "p5.48xlarge"}, "gpu_instance_type", "one GPU per node"),
+    # Multi-GPU types at tensor parallel size 1 (issue 21): a pod per GPU, but one EFA device for
+    # four GPUs on the G types and four for eight on p4d; on p5 one replica leaves 7 GPUs idle.
+    ({"gpu_instance_type": "g6.12xlarge"}, "prefill_tensor_parallel_size", "1 EFA device(s) for 4 GPUs"),
+    ({"gpu_instance_type": "g6e.12xlarge"}, "prefill_tensor_parallel_size", "use one of [4]"),
+    ({"gpu_instance_type": "g5.12xlarge"}, "prefill_tensor_parallel_size", "use one of [4]"),
+    ({"gpu_instance_type": "p4d.24xlarge"}, "prefill_tensor_parallel_size", "use one of [2, 4, 8]"),
+    ({"gpu_instance_type": "p5.48xlarge"}, "prefill_replicas", "leave 7 of p5.48xlarge's 8 GPUs idle"),
     ({"model_source": "gs://bucket/qwen"}, "model_source", "or s3://bucket/prefix"),
     ({"model_source": "s3://Bad_Bucket/qwen"}, "model_source", "or s3://bucket/prefix"),
     ({"model_source": "s3://bucket-only"}, "model_source", "or s3://bucket/prefix"),
