@@ -31,10 +31,25 @@ def efa(account: Account) -> list[Result]:
     interfaces = network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0)
     cards = network.get("MaximumNetworkCards", 1)
     if not network.get("EfaSupported"):
-        efa_types = sorted(k for k, v in catalog.INSTANCE_TYPES.items() if v.gpus == 1 and v.efa_interfaces)
+        efa_types = sorted(k for k, v in catalog.INSTANCE_TYPES.items() if v.gpus and v.efa_interfaces)
         return [Result("FAIL", "EFA", f"{gpu_type} does not support EFA", f"-c gpu_instance_type= one of {efa_types}")]
     spec = catalog.INSTANCE_TYPES[gpu_type]
-    detail = f"{gpu_type}: EFA supported, {interfaces} EFA interface(s), {cards} network card(s); the stack attaches 1"
+    detail = (
+        f"{gpu_type}: EFA supported, {interfaces} EFA interface(s), {cards} network card(s); the stack attaches "
+        f"{spec.efa_interfaces} EFA interface(s), one per card"
+    )
+    # The launch template declares an EFA interface on every card of the table (cdk_constructs/gpu_nodes.py):
+    # a card the type lacks fails the launch, a card the table lacks sits idle.
+    if (spec.efa_interfaces, spec.network_cards) != (interfaces, cards):
+        return [
+            Result(
+                "FAIL",
+                "EFA",
+                f"{detail}; settings/catalog.py says {spec.efa_interfaces} EFA interface(s) on "
+                f"{spec.network_cards} card(s), EC2 says {interfaces} on {cards}",
+                "correct INSTANCE_TYPES in settings/catalog.py",
+            )
+        ]
     # The instance store decides the NVMe RAID0 and the model cache (settings/catalog.py instance_store_gb).
     store = gpu.get("InstanceStorageInfo", {}).get("TotalSizeInGB", 0) if gpu.get("InstanceStorageSupported") else 0
     ours = (spec.efa_interfaces, spec.vcpus, spec.instance_store_gb)
@@ -70,7 +85,8 @@ def capacity_reservation(account: Account) -> list[Result]:
     account.reservation_az = r["AvailabilityZone"]
     wanted_az = settings.gpu_availability_zone or r["AvailabilityZone"]
     problems = []
-    if r["State"] != "active":
+    # A Capacity Block is "scheduled" until its start: the nodes launch then (reported below).
+    if r["State"] != "active" and not (settings.gpu_capacity_block and r["State"] == "scheduled"):
         problems.append(f"state {r['State']}")
     if r["InstanceType"] != settings.gpu_instance_type:
         problems.append(f"type {r['InstanceType']}, not {settings.gpu_instance_type}")
@@ -86,9 +102,12 @@ def capacity_reservation(account: Account) -> list[Result]:
     if r.get("PlacementGroupArn"):
         problems.append(f"it is for the cluster placement group {r['PlacementGroupArn']}, which the nodes never join")
     # A Capacity Block needs MarketType capacity-block in the launch template (EKS user guide,
-    # capacity-blocks-mng); the stack's launch template launches On-Demand.
-    if r.get("ReservationType") == "capacity-block":
-        problems.append("a Capacity Block for ML: the nodes launch On-Demand, not with market type capacity-block")
+    # capacity-blocks-mng), which the stack writes only with gpu_capacity_block.
+    block = r.get("ReservationType") == "capacity-block"
+    if block and not settings.gpu_capacity_block:
+        problems.append("a Capacity Block for ML: set -c gpu_capacity_block=true (market type capacity-block)")
+    if settings.gpu_capacity_block and not block:
+        problems.append("not a Capacity Block, and gpu_capacity_block is set: the launch would ask for one")
     available, total = r.get("AvailableInstanceCount", 0), r.get("TotalInstanceCount", 0)
     if account.deployed:
         # AvailableInstanceCount leaves out the running instances, the stack's own GPU nodes among them.
@@ -112,9 +131,29 @@ def capacity_reservation(account: Account) -> list[Result]:
             f"running; the deployed GPU nodes are counted among the rest"
         )
     end = r.get("EndDate")
+    if settings.gpu_capacity_block:
+        return [_capacity_block_window(detail, r.get("StartDate"), end, settings.capacity_block_end_warning_hours)]
     if end is not None and end - datetime.now(UTC) < timedelta(days=7):
         return [Result("WARN", "capacity reservation", f"{detail}; it ends {end:%Y-%m-%d %H:%M} UTC")]
     return [Result("PASS", "capacity reservation", detail)]
+
+
+def _capacity_block_window(detail: str, start: datetime | None, end: datetime | None, warn_hours: int) -> Result:
+    """A Capacity Block's start and end: at its end EC2 terminates its instances, the GPU nodes with them."""
+    when = f"{start:%Y-%m-%d %H:%M} UTC" if start else "unknown"
+    until = f"{end:%Y-%m-%d %H:%M} UTC" if end else "unknown"
+    text = f"{detail}; Capacity Block from {when} to {until} (its end terminates the GPU nodes)"
+    now = datetime.now(UTC)
+    if end is None or end - now < timedelta(hours=warn_hours):
+        return Result(
+            "WARN",
+            "capacity reservation",
+            f"{text}; that is within capacity_block_end_warning_hours={warn_hours}",
+            "extend the block or move to another before it ends",
+        )
+    if start is not None and start > now:
+        return Result("WARN", "capacity reservation", f"{text}; the GPU nodes cannot launch before it starts")
+    return Result("PASS", "capacity reservation", text)
 
 
 # --- vCPU quotas ---------------------------------------------------------------------
