@@ -156,7 +156,12 @@ def kv_buffer_device(settings: Settings) -> str:
 
 
 def replicas(settings: Settings, side: str) -> int:
-    return settings.prefill_replicas if side == PREFILL else settings.decode_replicas
+    """Engine replicas of a side: one Ray worker pod each, holding its tensor-parallel group's GPUs."""
+    return settings.side_replicas(side)
+
+
+# vLLM reads the KV cache layout from this variable (vllm/envs.py); its Ray workers copy it.
+KV_LAYOUT_ENV = "VLLM_KV_CACHE_LAYOUT"
 
 
 def llm_config(settings: Settings, side: str) -> dict[str, Any]:
@@ -172,8 +177,20 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
     step = sizing.prefill_max_num_batched_tokens(settings)
     if side == PREFILL and step is not None:
         engine["max_num_batched_tokens"] = step
-    for bundle in config["placement_group_config"]["bundles"]:
-        bundle[side] = 1
+    tp = settings.tensor_parallel_size(side)
+    engine["tensor_parallel_size"] = tp
+    # One bundle per GPU of the tensor-parallel group. The side's resource rides on the
+    # first only: each worker pod advertises one unit, and STRICT_PACK keeps the group's
+    # other bundles on that same Ray node, the pod that holds the group's GPUs.
+    (first,) = config["placement_group_config"]["bundles"]
+    first[side] = 1
+    config["placement_group_config"]["bundles"] = [first] + [{"GPU": 1} for _ in range(tp - 1)]
+    if settings.prefill_tensor_parallel_size != settings.decode_tensor_parallel_size:
+        # vLLM 0.26 NixlConnector (nixl/base_worker.py, _validate_remote_agent_handshake): a TP
+        # mismatch splits KV heads and needs the HND layout on both sides. The connector asks for
+        # HND on CUDA itself (nixl/connector.py, get_required_kvcache_layout); pinning it here
+        # keeps an image-level VLLM_KV_CACHE_LAYOUT=NHD from breaking the handshake.
+        config["runtime_env"] = {"env_vars": {KV_LAYOUT_ENV: "HND"}}
     config["model_loading_config"] = {
         "model_id": settings.model_id,
         "model_source": settings.model_source or settings.model_id,
@@ -196,8 +213,8 @@ def aggregated_llm_config(settings: Settings) -> dict[str, Any]:
     if interval is not None:
         config["experimental_configs"] = {"stream_batching_interval_ms": interval}
     for bundle in config["placement_group_config"]["bundles"]:
-        del bundle[PREFILL]
-    config["deployment_config"] = {"num_replicas": settings.gpu_nodes}
+        bundle.pop(PREFILL, None)
+    config["deployment_config"] = {"num_replicas": settings.prefill_replicas + settings.decode_replicas}
     return config
 
 
@@ -242,18 +259,22 @@ def _token_env(settings: Settings) -> list[dict[str, Any]]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
 
 
-def worker_resources(settings: Settings) -> dict[str, str]:
-    """What one worker pod asks for: the GPU, the EFA device, most of the node's CPU and memory.
+def worker_resources(settings: Settings, side: str = PREFILL) -> dict[str, str]:
+    """What one worker pod asks for: its tensor-parallel group's GPUs, the EFA devices that go with
+    them (the node's EFA devices split evenly across its pods), its share of most of the node's CPU
+    and memory.
 
     The rest is left to the kubelet's reservations, the DaemonSets (VPC CNI,
     kube-proxy, device plugins, Pod Identity agent) and EFA's huge pages.
     """
     gpu = settings.gpu_instance
+    tp = settings.tensor_parallel_size(side)
+    pods = settings.replicas_per_node(side)
     return {
-        "cpu": str(gpu.vcpus - 4),
-        "memory": f"{int(gpu.memory_gib * 0.75)}Gi",
-        GPU_RESOURCE: "1",
-        EFA_RESOURCE: "1",
+        "cpu": str((gpu.vcpus - 4) // pods),
+        "memory": f"{int(gpu.memory_gib * 0.75) // pods}Gi",
+        GPU_RESOURCE: str(tp),
+        EFA_RESOURCE: str(gpu.efa_interfaces // pods),
     }
 
 
@@ -340,7 +361,7 @@ def rayservice(
                     },
                 }
             ]
-        resources = worker_resources(settings)
+        resources = worker_resources(settings, side)
         container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
         _mount_ray_pods_code(settings, pod, container)
         groups.append(group)
