@@ -262,3 +262,10 @@ def test_the_monthly_estimate_counts_the_measured_series_at_the_interval() -> No
     assert sum(line.per_hour or 0 for line in observability_monthly_cost(slower)) < sum(lines.values()) / 730
     assert observability_monthly_cost(validate(Settings(observability=False))) == []
     assert synth()["Outputs"]["EstimatedObservabilityPerMonth"]["Value"].startswith("observability ~$80/month")
+
+
+def test_cfn_lint_is_clean_with_the_email_and_another_interval_and_with_observability_off() -> None:
+    from tests.test_cfn_lint import _lint
+
+    assert _lint(synth(alarm_email="oncall@example.com", observability_scrape_interval_seconds="60")) == []
+    assert _lint(synth(observability="false")) == []
