@@ -150,14 +150,10 @@ class Observability(Construct):
             removal_policy=RemovalPolicy.DESTROY,
             pending_window=Duration.days(7),
         )
+        # The two publishers encrypt through SNS with this key, which encrypts this topic only.
         publishers = [iam.ServicePrincipal("aps.amazonaws.com"), iam.ServicePrincipal("cloudwatch.amazonaws.com")]
         self.topic_key.add_to_resource_policy(
-            iam.PolicyStatement(
-                principals=publishers,
-                actions=["kms:GenerateDataKey*", "kms:Decrypt"],
-                resources=["*"],
-                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
-            )
+            iam.PolicyStatement(principals=publishers, actions=["kms:GenerateDataKey*", "kms:Decrypt"], resources=["*"])
         )
         self.topic = sns.Topic(self, "AlarmTopic", master_key=self.topic_key, enforce_ssl=True)
         self.topic.add_to_resource_policy(
