@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, serve_service_name
+from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, serve_service_name, worker_resources
 from settings import Settings, settings_from_cli
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER, IMAGE_NIXL_VERSION, IMAGE_RAY_VERSION, IMAGE_VLLM_VERSION
 from tools import image_probe, verify_observability
@@ -68,6 +68,7 @@ _NIXL_MISSING = re.compile(r"NIXL is not available")
 _TCP_PROVIDER = re.compile(r"provider\W{0,3}(tcp|sockets|udp)\b", re.IGNORECASE)
 # nixl's libfabric rail manager: "Created 2 rails using provider=efa" (INFO).
 _RAILS = re.compile(r"rails using provider\W{0,2}(\w+)")
+_RAIL_COUNT = re.compile(r"Created (\d+) rails using provider")
 _TCP_FALLBACK = re.compile(r"\(TCP fallback\)")
 T = TypeVar("T")
 # The provider the GPU nodes' libfabric must use; the CPU rehearsal passes tcp.
@@ -97,6 +98,10 @@ class LogFindings:
     rail_providers: frozenset[str] = frozenset()
     tcp_fallback: bool = False
     expected_provider: str = DEFAULT_PROVIDER
+    # The most rails one NIXL agent logged, and the EFA devices the pod holds (0: not checked):
+    # a pod holding several cards should spread its rails across all of them.
+    rails: int = 0
+    expected_rails: int = 0
 
     @property
     def problems(self) -> list[str]:
@@ -111,6 +116,8 @@ class LogFindings:
         others = self.rail_providers - {self.expected_provider}
         if others:
             found.append(f"NIXL rails on {sorted(others)}, not {self.expected_provider}")
+        if self.rails < self.expected_rails:
+            found.append(f"NIXL created {self.rails} rail(s), fewer than the pod's {self.expected_rails} EFA devices")
         if self.tcp_fallback and self.expected_provider != "tcp":
             found.append("NIXL logged a TCP fallback")
         if self.skipped:
@@ -124,7 +131,7 @@ class LogFindings:
         return found
 
 
-def nixl_log_findings(text: str, expected_provider: str = DEFAULT_PROVIDER) -> LogFindings:
+def nixl_log_findings(text: str, expected_provider: str = DEFAULT_PROVIDER, expected_rails: int = 0) -> LogFindings:
     return LogFindings(
         instantiated=frozenset(_INSTANTIATED.findall(text)),
         skipped=frozenset(_SKIPPED.findall(text)),
@@ -133,6 +140,8 @@ def nixl_log_findings(text: str, expected_provider: str = DEFAULT_PROVIDER) -> L
         rail_providers=frozenset(p.lower() for p in _RAILS.findall(text)),
         tcp_fallback=bool(_TCP_FALLBACK.search(text)),
         expected_provider=expected_provider,
+        rails=max((int(n) for n in _RAIL_COUNT.findall(text)), default=0),
+        expected_rails=expected_rails,
     )
 
 
@@ -221,9 +230,16 @@ def prefill_check(before: float | None, after: float | None) -> Check:
     return Check("prefill served the request", ok, f"prefill vllm:prompt_tokens {before} -> {after}")
 
 
-def placement_check(groups: dict[str, list[dict[str, Any]]], nodes: dict[str, dict[str, Any]]) -> Check:
-    """Each side running, on its own node, all in one AZ, each pod holding an EFA device."""
+def placement_check(
+    groups: dict[str, list[dict[str, Any]]],
+    nodes: dict[str, dict[str, Any]],
+    efa_per_pod: Mapping[str, int] | None = None,
+    pods_per_node: Mapping[str, int] | None = None,
+) -> Check:
+    """Each side running, all in one AZ, each pod holding its share of its node's EFA devices (one by
+    default), and no node holding more worker pods than its GPUs split into (one by default)."""
     problems = []
+    per_node: dict[str, int] = {}
     used: list[str] = []
     zones = set()
     for side in SIDES:
@@ -234,11 +250,15 @@ def placement_check(groups: dict[str, list[dict[str, Any]]], nodes: dict[str, di
             node = pod["spec"].get("nodeName", "")
             used.append(node)
             zones.add(nodes.get(node, {}).get("metadata", {}).get("labels", {}).get("topology.kubernetes.io/zone"))
+            per_node[node] = max(per_node.get(node, 0), (pods_per_node or {}).get(side, 1))
+            want = str((efa_per_pod or {}).get(side, 1))
             efa = [c["resources"].get("limits", {}).get(EFA_RESOURCE) for c in pod["spec"]["containers"]]
             allocatable = nodes.get(node, {}).get("status", {}).get("allocatable", {}).get(EFA_RESOURCE)
-            if "1" not in efa or not allocatable or int(allocatable) < 1:
-                problems.append(f"{pod['metadata']['name']}: no EFA device (limit {efa}, node has {allocatable})")
-    if len(used) != len(set(used)):
+            if want not in efa or not allocatable or int(allocatable) < int(want):
+                problems.append(
+                    f"{pod['metadata']['name']}: no EFA device, or not its {want} (limit {efa}, node has {allocatable})"
+                )
+    if any(used.count(node) > most for node, most in per_node.items()):
         problems.append(f"workers share nodes: {used}")
     if len(zones) > 1:
         problems.append(f"workers span AZs: {sorted(map(str, zones))}")
@@ -357,7 +377,9 @@ def run_checks(
     groups = worker_pods(settings)
     node_names = {p["spec"].get("nodeName") for pods in groups.values() for p in pods if p["spec"].get("nodeName")}
     nodes = {name: kubectl_json("get", "node", name) for name in node_names}
-    checks = [placement_check(groups, nodes)]
+    efa_per_pod = {side: int(worker_resources(settings, side)[EFA_RESOURCE]) for side in SIDES}
+    pods_per_node = {side: settings.replicas_per_node(side) for side in SIDES}
+    checks = [placement_check(groups, nodes, efa_per_pod, pods_per_node)]
     keys_on = bool(getattr(settings, "endpoint_api_keys_secret_name", None))
     key = api_key
     if keys_on and key is None:
@@ -371,7 +393,8 @@ def run_checks(
         for side, pods in sorted(groups.items()):
             for pod in pods:
                 text = kubectl("exec", "-n", ns, pod["metadata"]["name"], "--", "sh", "-c", LOG_GREP + " || true")
-                problems += [f"{side}: {p}" for p in nixl_log_findings(text, expected_provider).problems]
+                findings = nixl_log_findings(text, expected_provider, efa_per_pod.get(side, 0))
+                problems += [f"{side}: {p}" for p in findings.problems]
         return Check(
             "NIXL LIBFABRIC backend, no fallback", not problems, "; ".join(problems) or "LIBFABRIC on every worker"
         )
