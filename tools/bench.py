@@ -267,7 +267,13 @@ def describe_serve_config(config: Mapping[str, Any]) -> dict[str, Any]:
         "engine_kwargs": {
             k: {
                 name: v["engine_kwargs"].get(name)
-                for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization")
+                for name in (
+                    "max_model_len",
+                    "max_num_batched_tokens",
+                    "max_num_seqs",
+                    "gpu_memory_utilization",
+                    "tensor_parallel_size",
+                )
             }
             for k, v in llms.items()
         },
