@@ -18,6 +18,20 @@ from rehearsal.network import DASHBOARD, SERVE
 
 
 @dataclass
+class EndpointKeys:
+    """The endpoint's API keys in this run (rehearsal/keys.py): the file's folder, the key in force, the others."""
+
+    folder: Path  # laid out as the kubelet lays out a Secret volume
+    current: str
+    retired: list[str]
+    wrong: str  # never in the file
+
+    def all(self) -> dict[str, str]:
+        """Every key this run made, by role: none may appear in a log."""
+        return {"current": self.current, "wrong": self.wrong, **{f"retired-{i}": k for i, k in enumerate(self.retired)}}
+
+
+@dataclass
 class Setup:
     """What a case may change before Ray starts: the CPU serve config, the Ray processes' environment."""
 
@@ -42,12 +56,18 @@ class Context:
     results: Path | None  # where a passing case writes its bench; None: no bench
     serve: str = SERVE
     dashboard: str = DASHBOARD
+    endpoint_keys: EndpointKeys | None = None  # set when the product's serve config has the key ingress
     log_lines: list[str] = field(default_factory=list)
     metrics: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def model_id(self) -> str:
         return deploy.model_id(self.config)
+
+    @property
+    def api_key(self) -> str | None:
+        """The key the endpoint admits now (None: the endpoint has no keys)."""
+        return None if self.endpoint_keys is None else self.endpoint_keys.current
 
     @property
     def aggregated(self) -> bool:
