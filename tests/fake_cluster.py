@@ -148,10 +148,9 @@ def install(monkeypatch: Any, cluster: FakeCluster) -> FakeCluster:
         monkeypatch.setattr(module, "http_json", cluster.http_json, raising=False)
         monkeypatch.setattr(module, "http_status", cluster.http_status, raising=False)
     monkeypatch.setattr(time, "sleep", cluster.sleep)
-    # Its Prometheus workspace answers every panel (tests/test_observability_names.py fails panels one by one).
+    # Its Prometheus workspace and CloudWatch answer every panel (tests/test_observability_names.py fails them).
     from tools import verify_observability
 
-    monkeypatch.setattr(
-        verify_observability, "workspace_query", lambda _settings: lambda _promql: [{"value": [0, "1"]}]
-    )
+    for answers in ("workspace_query", "insights_query"):
+        monkeypatch.setattr(verify_observability, answers, lambda _settings: lambda _query: [{"value": [0, "1"]}])
     return cluster

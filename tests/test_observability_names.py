@@ -248,9 +248,31 @@ def test_live_checks_without_a_workspace_is_one_fail_row(monkeypatch: pytest.Mon
         raise LookupError("0 active managed Prometheus workspaces with alias pd-inference-metrics")
 
     monkeypatch.setattr(verify_observability, "workspace_query", nowhere)
-    (check,) = verify_observability.live_checks(SETTINGS)
-    assert not check.ok and "alias pd-inference-metrics" in check.detail
+    checks = verify_observability.live_checks(SETTINGS, insights=_fake(set()), sleep=lambda _s: None)
+    (check,) = [c for c in checks if not c.ok]
+    assert "alias pd-inference-metrics" in check.detail
     assert verify_observability.live_checks(validate(Settings(observability=False))) == []
+
+
+def test_a_cloudwatch_panel_without_data_fails_by_name_and_pending_pods_are_not_asked() -> None:
+    asked: list[str] = []
+
+    def insights(sql: str) -> list[Any]:
+        asked.append(sql)
+        return [] if "node_efa_rdma_read_bytes" in sql else [{"Values": [1.0]}]
+
+    checks = verify_observability.live_checks(SETTINGS, _fake(set()), insights, sleep=lambda _s: None)
+    failed = [c.name for c in checks if not c.ok]
+    assert failed == ["panel has data: EFA RDMA read bytes per node"]
+    assert not any("pod_status_pending" in sql for sql in asked)
+    assert len(checks) == len(dashboard_queries()) + len(insights_queries("c", "n")) - 1
+
+
+def test_aggregated_mode_does_not_ask_for_the_kv_panels() -> None:
+    aggregated = validate(Settings(serving_mode="aggregated"))
+    checks = verify_observability.live_checks(aggregated, _fake(set()), _fake(set()), sleep=lambda _s: None)
+    assert not any("KV transfer" in c.name or "NIXL" in c.name for c in checks)
+    assert any("TTFT" in c.name for c in checks)
 
 
 # --- the rehearsal phase (rehearsal/metric_names.py), on recorded scrapes -------------------------

@@ -186,13 +186,18 @@ def panel_checks(
     attempts: int = 6,
     wait_seconds: float = 30.0,
     sleep: Callable[[float], None] = time.sleep,
+    promql: bool = True,
 ) -> list[Any]:
-    """Each panel's query must return data within `attempts` scrape intervals; one Check per panel."""
+    """Each panel's query must return data within `attempts` scrape intervals; one Check per panel.
+
+    promql: the queries are PromQL (else CloudWatch Metrics Insights, asked as they are)."""
     from tools.verify import Check
 
-    after_failure = set(cited().get("after_failure", {}))
-    # A panel on a counter that exists only after a failure has no data on a healthy stack.
-    exempt = {title for title, expr in queries if query_names(expr).metrics <= after_failure}
+    exempt: set[str] = set()
+    if promql:
+        after_failure = set(cited().get("after_failure", {}))
+        # A panel on a counter that exists only after a failure has no data on a healthy stack.
+        exempt = {title for title, expr in queries if query_names(expr).metrics <= after_failure}
     pending = {title: _FALLBACK.sub("", expr) for title, expr in queries if title not in exempt}
     errors: dict[str, str] = {}
     for attempt in range(attempts):
@@ -234,19 +239,62 @@ def workspace_query(s: Settings) -> Query:
     return sigv4_query(endpoint, session.region_name)
 
 
-def live_checks(s: Settings, query: Query | None = None, *, sleep: Callable[[float], None] = time.sleep) -> list[Any]:
-    """verify's pipeline check, after its own request: every panel of the Grafana dashboard has data.
+def insights_query(s: Settings) -> Query:
+    """Metrics Insights queries to CloudWatch over the last 10 minutes, one datapoint a minute."""
+    import datetime
 
-    Aggregated mode has no NIXL: its KV panels are not asked for."""
+    import boto3
+
+    session = boto3.Session(region_name=s.effective_region) if s.effective_region else boto3.Session()
+    client = session.client("cloudwatch")
+
+    def query(sql: str) -> list[Any]:
+        end = datetime.datetime.now(datetime.UTC)
+        answer = client.get_metric_data(
+            MetricDataQueries=[{"Id": "q", "Expression": sql, "Period": 60}],
+            StartTime=end - datetime.timedelta(minutes=10),
+            EndTime=end,
+        )
+        return [r for r in answer["MetricDataResults"] if r.get("Values")]
+
+    return query
+
+
+def live_checks(
+    s: Settings,
+    query: Query | None = None,
+    insights: Query | None = None,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Any]:
+    """verify's pipeline check, after its own request: every panel of both dashboards has data.
+
+    The Grafana panels from the stack's Prometheus workspace, the CloudWatch dashboard's from
+    Container Insights (the agent reports once a minute). Aggregated mode has no NIXL: its KV
+    panels are not asked for."""
     from tools.verify import Check
 
     if not s.observability:
         return []
+    found: list[Any] = []
     try:
         ask = query if query is not None else workspace_query(s)
     except Exception as err:  # no credentials, no workspace: one FAIL row, not a crash
-        return [Check("observability: the stack's Prometheus workspace", False, f"{type(err).__name__}: {err}")]
-    panels = dashboard_queries()
-    if s.serving_mode == "aggregated":
-        panels = [(t, q) for t, q in panels if not any(m.startswith("ray_vllm_nixl_") for m in query_names(q).metrics)]
-    return panel_checks(panels, ask, wait_seconds=float(s.observability_scrape_interval_seconds), sleep=sleep)
+        found.append(Check("observability: the stack's Prometheus workspace", False, f"{type(err).__name__}: {err}"))
+    else:
+        panels = dashboard_queries()
+        if s.serving_mode == "aggregated":
+            panels = [
+                (t, q) for t, q in panels if not any(m.startswith("ray_vllm_nixl_") for m in query_names(q).metrics)
+            ]
+        found += panel_checks(panels, ask, wait_seconds=float(s.observability_scrape_interval_seconds), sleep=sleep)
+    try:
+        cloudwatch = insights if insights is not None else insights_query(s)
+    except Exception as err:
+        found.append(Check("observability: CloudWatch", False, f"{type(err).__name__}: {err}"))
+        return found
+    panels = [(title, sql) for title, (_, sql) in insights_queries(s.cluster_name, s.serving_namespace).items()]
+    # Pending pods are none on a healthy stack: no data there is the good answer, not a gap.
+    panels = [(title, sql) for title, sql in panels if "pod_status_pending" not in sql]
+    found += panel_checks(panels, cloudwatch, wait_seconds=60.0, sleep=sleep, promql=False)
+    return found
