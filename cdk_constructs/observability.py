@@ -29,7 +29,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from cdk_constructs.cluster import pod_identity_role
+from cdk_constructs.cluster import as_icluster, pod_identity_role
 from cdk_constructs.observability_payloads import alarm_queries, insights_queries, render_rules, render_scrape
 from settings import Settings
 
@@ -42,6 +42,32 @@ AGENT_SERVICE_ACCOUNT = "cloudwatch-agent"
 ADDON_LOG_GROUPS = ("application", "dataplane", "host", "performance")
 # What the Ray pods export on (KubeRay's container port `metrics`).
 RAY_METRICS_PORT = 8080
+# The Kubernetes user a managed collector acts as (its access entry's username; AMP user guide,
+# "Configuring your Amazon EKS cluster": a binding for aps-collector-user).
+COLLECTOR_USER = "aps-collector-user"
+
+
+def collector_rbac(namespace: str) -> list[dict[str, Any]]:
+    """What the collector's pod discovery needs, and no more: pods of the serving namespace.
+
+    AWS's example ClusterRole grants cluster-wide reads including nodes/proxy (the kubelet's API);
+    this scrape config discovers pods in one namespace and scrapes their IPs directly."""
+    name = "managed-prometheus-collector"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace},
+            "subjects": [{"kind": "User", "name": COLLECTOR_USER, "apiGroup": "rbac.authorization.k8s.io"}],
+            "roleRef": {"kind": "Role", "name": name, "apiGroup": "rbac.authorization.k8s.io"},
+        },
+    ]
 
 
 def addon_log_group_name(cluster_name: str, kind: str) -> str:
@@ -92,6 +118,8 @@ class Observability(Construct):
         topic: the alarms' SNS topic.
         dashboard: the CloudWatch dashboard (Container Insights panels).
         scraper_security_group: the collector's ENIs' group.
+        collector_rbac: the Role and RoleBinding that let the collector list the serving namespace's
+            pods (the stack makes it wait for the namespace).
     """
 
     def __init__(
@@ -221,6 +249,10 @@ class Observability(Construct):
             ),
         )
         self.scraper.node.add_dependency(self.scrape_ingress)
+        # The collector's access entry is EKS's (API authentication mode); what it may read is ours.
+        self.collector_rbac = eks.KubernetesManifest(
+            self, "CollectorRbac", cluster=as_icluster(cluster), manifest=collector_rbac(s.serving_namespace)
+        )
 
         # --- CloudWatch: the Container Insights dashboard and alarms ----------------------
         self.dashboard = cloudwatch.Dashboard(

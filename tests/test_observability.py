@@ -269,3 +269,29 @@ def test_cfn_lint_is_clean_with_the_email_and_another_interval_and_with_observab
 
     assert _lint(synth(alarm_email="oncall@example.com", observability_scrape_interval_seconds="60")) == []
     assert _lint(synth(observability="false")) == []
+
+
+def test_the_collector_may_list_the_serving_namespaces_pods_and_nothing_else() -> None:
+    from tests.conftest import manifests
+    from tests.template_graph import depends_on
+
+    template = synth(serving_namespace="serving")
+    rbac = [m for m in manifests(template) if m["kind"] in ("Role", "RoleBinding", "ClusterRoleBinding")]
+    bound = [m for m in rbac if any(s.get("name") == "aps-collector-user" for s in m.get("subjects", []))]
+    (binding,) = bound
+    assert binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] == "serving"
+    (role,) = [m for m in rbac if m["kind"] == "Role" and m["metadata"]["name"] == binding["roleRef"]["name"]]
+    assert role["metadata"]["namespace"] == "serving"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    # Applied after the namespace exists.
+    rbac_id = next(
+        k
+        for k, r in resources(template, "Custom::AWSCDK-EKS-KubernetesResource").items()
+        if "aps-collector-user" in json.dumps(r["Properties"]["Manifest"])
+    )
+    namespace_id = next(
+        k
+        for k, r in resources(template, "Custom::AWSCDK-EKS-KubernetesResource").items()
+        if '"kind":"Namespace"' in json.dumps(r["Properties"]["Manifest"], separators=(",", ":")).replace("\\", "")
+    )
+    assert depends_on(template, rbac_id, namespace_id)
