@@ -18,7 +18,7 @@ class RayPodsCode(Construct):
 
     Args:
         cluster: the cluster.
-        configmap: the ConfigMap (serve_config.ray_pods_configmap()), in the serving namespace.
+        configmap: the ConfigMap (serve_config.endpoint_keys.ray_pods_configmap()), in the serving namespace.
 
     Attributes:
         manifest: the ConfigMap's manifest; the RayService must wait for it.

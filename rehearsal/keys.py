@@ -24,7 +24,7 @@ from typing import Any
 
 from rehearsal.cluster import ray_logs
 from rehearsal.context import Context, EndpointKeys, Setup
-from serve_config import RAY_PODS_PACKAGE
+from serve_config.endpoint_keys import RAY_PODS_PACKAGE
 
 # What the cases that serve set, as a user would: the name of a Secrets Manager secret (never read here).
 KEY_SETTINGS = {"endpoint_api_keys_secret_name": "rehearsal/llm-keys"}

@@ -19,6 +19,12 @@ from serve_config import checks
 from serve_config.checks import DECODE as DECODE
 from serve_config.checks import PREFILL as PREFILL
 from serve_config.checks import SIDES as SIDES
+from serve_config.endpoint_keys import (
+    RAY_PODS_CODE_ANNOTATION,
+    ingress_cls_config,
+    mount_ray_pods_code,
+    ray_pods_digest,
+)
 from settings import Settings, sizing
 from settings.catalog import IMAGE_RAY_VERSION, LOCAL_NVME_MOUNT
 
@@ -46,25 +52,6 @@ MODEL_CACHE_VOLUME = "model-cache"
 MODEL_CACHE_MOUNT = "/model-cache"
 HF_TOKEN_SECRET = "hf-token"  # noqa: S105 - a Secret's name, not a token
 HF_TOKEN_SECRET_KEY = "token"  # noqa: S105 - a key name
-# The endpoint's API keys (setting endpoint_api_keys_secret_name): External Secrets
-# syncs the Secrets Manager secret, a JSON object {"<key id>": "<key>", ...}, into
-# this Kubernetes Secret under API_KEYS_FILE_KEY. Every Ray pod mounts the Secret as
-# a whole volume (no subPath, so the kubelet refreshes it) at API_KEYS_MOUNT; the
-# ingress re-reads API_KEYS_MOUNT/API_KEYS_FILE_KEY when it changes.
-API_KEYS_SECRET = "endpoint-api-keys"  # noqa: S105 - a Secret's name, not a key
-API_KEYS_FILE_KEY = "keys.json"
-API_KEYS_MOUNT = "/etc/pd-inference/api-keys"
-# The Python the Ray pods import (the ray_pods package): a ConfigMap mounted as
-# the package's directory under RAY_PODS_PYTHONPATH, which every Ray container puts
-# on PYTHONPATH. Ray imports the ingress class by this path, in the task that
-# builds the app (any node) and in the ingress replica (any worker).
-RAY_PODS_PACKAGE = "ray_pods"
-RAY_PODS_CONFIGMAP = "ray-pods-code"
-RAY_PODS_PYTHONPATH = "/opt/pd-inference/python"
-API_KEY_INGRESS = f"{RAY_PODS_PACKAGE}.api_keys:ApiKeyIngress"
-# On the Ray pod templates: a digest of the shipped code, so a code change changes
-# the Ray cluster's spec (and the recreate Job starts pods that import the new code).
-RAY_PODS_CODE_ANNOTATION = "pd-inference.aws/ray-pods-code"
 # A label on the RayService carrying a hash of its rayClusterConfig. KubeRay copies
 # the RayService's labels onto the RayCluster it creates (rayservice_controller.go,
 # constructRayClusterForRayService), so a running cluster shows which spec it was
@@ -91,63 +78,6 @@ def application_data() -> dict[str, Any]:
 def rayservice_data() -> dict[str, Any]:
     """A copy of rayservice.yaml."""
     return copy.deepcopy(_data("rayservice.yaml"))
-
-
-def ray_pods_files() -> dict[str, str]:
-    """The ray_pods package's modules, by file name: the ConfigMap's data."""
-    package = HERE.parent / RAY_PODS_PACKAGE
-    return {path.name: path.read_text(encoding="utf-8") for path in sorted(package.glob("*.py"))}
-
-
-def ray_pods_digest() -> str:
-    """A short digest of the shipped code (a label-safe annotation value)."""
-    text = json.dumps(ray_pods_files(), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def ray_pods_configmap(settings: Settings) -> dict[str, Any]:
-    """The ConfigMap that carries the ray_pods package to every Ray pod."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": RAY_PODS_CONFIGMAP, "namespace": settings.serving_namespace},
-        "data": ray_pods_files(),
-    }
-
-
-def ingress_cls_config(settings: Settings) -> dict[str, Any] | None:
-    """The ingress behind API keys (ray_pods/api_keys.py), or None for Ray's own open ingress."""
-    if settings.endpoint_api_keys_secret_name is None:
-        return None
-    return {
-        "ingress_cls": API_KEY_INGRESS,
-        "ingress_extra_kwargs": {
-            "keys_file": f"{API_KEYS_MOUNT}/{API_KEYS_FILE_KEY}",
-            "requests_per_minute": settings.endpoint_rate_limit_rpm,
-            "code_digest": ray_pods_digest(),
-        },
-    }
-
-
-def _mount_ray_pods_code(settings: Settings, pod: dict[str, Any], container: dict[str, Any]) -> None:
-    """The code ConfigMap and the keys Secret, each mounted whole (a subPath mount is never refreshed)."""
-    if settings.endpoint_api_keys_secret_name is None:
-        return
-    pod.setdefault("volumes", []).extend(
-        [
-            {"name": "ray-pods-code", "configMap": {"name": RAY_PODS_CONFIGMAP}},
-            {"name": "api-keys", "secret": {"secretName": API_KEYS_SECRET}},
-        ]
-    )
-    container.setdefault("volumeMounts", []).extend(
-        [
-            {"name": "ray-pods-code", "mountPath": f"{RAY_PODS_PYTHONPATH}/{RAY_PODS_PACKAGE}", "readOnly": True},
-            {"name": "api-keys", "mountPath": API_KEYS_MOUNT, "readOnly": True},
-        ]
-    )
-    # The image's Python finds the package here; the AWS Ray DLC sets no PYTHONPATH
-    # of its own that this would hide (unconfirmed offline: see README).
-    container.setdefault("env", []).append({"name": "PYTHONPATH", "value": RAY_PODS_PYTHONPATH})
 
 
 def kv_buffer_device(settings: Settings) -> str:
@@ -307,8 +237,8 @@ def rayservice(
     head["ports"].append({"containerPort": SERVE_PORT, "name": "serve"})
     head["image"] = settings.ray_image
     if settings.hf_token_secret_name is not None:
-        head["env"] = _token_env(settings)
-    _mount_ray_pods_code(settings, head_pod, head)
+        head["env"] = [*head.get("env", []), *_token_env(settings)]
+    mount_ray_pods_code(settings, head_pod, head)
 
     reads_s3 = (settings.model_source or "").startswith("s3://")
     if reads_s3:
@@ -363,7 +293,7 @@ def rayservice(
             ]
         resources = worker_resources(settings, side)
         container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
-        _mount_ray_pods_code(settings, pod, container)
+        mount_ray_pods_code(settings, pod, container)
         groups.append(group)
     cluster["workerGroupSpecs"] = groups
     if settings.endpoint_api_keys_secret_name is not None:

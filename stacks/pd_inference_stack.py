@@ -21,6 +21,7 @@ from cdk_constructs.private_endpoint import PrivateEndpoint
 from cdk_constructs.ray_pods_code import RayPodsCode
 from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
 from cdk_constructs.system_nodes import SystemNodes
+from serve_config import endpoint_keys
 from settings import Settings
 from settings.catalog import KUBERAY_OPERATOR
 from settings.estimates import PRICE_SOURCE, cost_summary, observability_summary
@@ -161,7 +162,7 @@ class PdInferenceStack(Stack):
             secrets_sync.secret_store.node.add_dependency(service.namespace_manifest)
             service.rayservice_manifest.node.add_dependency(*secrets_sync.external_secrets)
         if settings.endpoint_api_keys_secret_name is not None:
-            configmap = serve_config.ray_pods_configmap(settings)
+            configmap = endpoint_keys.ray_pods_configmap(settings)
             code = RayPodsCode(self, "RayPodsCode", cluster=cluster, configmap=configmap)
             code.manifest.node.add_dependency(service.namespace_manifest)
             service.rayservice_manifest.node.add_dependency(code.manifest)
@@ -304,8 +305,8 @@ def synced_secrets(settings: Settings) -> list[SyncedSecret]:
             SyncedSecret(
                 construct_id="ApiKeysExternalSecret",
                 secret_name=settings.endpoint_api_keys_secret_name,
-                target_secret=serve_config.API_KEYS_SECRET,
-                target_key=serve_config.API_KEYS_FILE_KEY,
+                target_secret=endpoint_keys.API_KEYS_SECRET,
+                target_key=endpoint_keys.API_KEYS_FILE_KEY,
                 refresh_seconds=settings.endpoint_api_keys_refresh_seconds,
             )
         )

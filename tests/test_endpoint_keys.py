@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 import app as cdk_app
-import serve_config
+from serve_config import endpoint_keys
 from settings import SettingsError, settings_from
 from tests.conftest import (
     PROJECT_CONTEXT,
@@ -115,7 +115,7 @@ def test_the_serve_config_names_the_key_ingress_with_the_mounted_file(mode: str)
         "ingress_extra_kwargs": {
             "keys_file": "/etc/pd-inference/api-keys/keys.json",
             "requests_per_minute": 120,
-            "code_digest": serve_config.ray_pods_digest(),
+            "code_digest": endpoint_keys.ray_pods_digest(),
         },
     }
 
@@ -125,7 +125,7 @@ def test_external_secrets_syncs_the_keys_with_the_interval_setting() -> None:
     (external,) = [m for m in manifests(template) if m["kind"] == "ExternalSecret"]
     assert external["metadata"] == {**external["metadata"], "name": "endpoint-api-keys", "namespace": "llm"}
     assert external["spec"]["refreshInterval"] == "90s"
-    assert external["spec"]["target"]["name"] == serve_config.API_KEYS_SECRET
+    assert external["spec"]["target"]["name"] == endpoint_keys.API_KEYS_SECRET
     assert external["spec"]["data"] == [{"secretKey": "keys.json", "remoteRef": {"key": "prod/llm-keys"}}]
     (statement,) = pod_identity_policy(template, "external-secrets")["PolicyDocument"]["Statement"]
     assert render(statement["Resource"]).endswith(":secret:prod/llm-keys-??????")
@@ -160,7 +160,7 @@ def test_every_ray_pod_mounts_the_code_and_the_keys_whole_and_imports_from_there
         assert mounts["ray-pods-code"]["mountPath"] == "/opt/pd-inference/python/ray_pods"
         assert "subPath" not in mounts["ray-pods-code"]
         assert {"name": "PYTHONPATH", "value": "/opt/pd-inference/python"} in container["env"]
-        assert pod["metadata"]["annotations"][serve_config.RAY_PODS_CODE_ANNOTATION] == serve_config.ray_pods_digest()
+        assert pod["metadata"]["annotations"][endpoint_keys.RAY_PODS_CODE_ANNOTATION] == endpoint_keys.ray_pods_digest()
 
 
 def test_the_configmap_carries_exactly_the_ray_pods_package() -> None:
@@ -264,7 +264,7 @@ def test_the_configmap_alone_is_importable_as_the_pods_import_it(tmp_path: Path)
         print(json.dumps({"file": inspect.getfile(cls), "bases": [b.__name__ for b in cls.__mro__]}))
         """
     )
-    path = serve_config.ingress_cls_config(settings_from({**PROJECT_CONTEXT, **KEYS}))["ingress_cls"]  # type: ignore[index]
+    path = endpoint_keys.ingress_cls_config(settings_from({**PROJECT_CONTEXT, **KEYS}))["ingress_cls"]  # type: ignore[index]
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "python")}
     result = subprocess.run(
         [sys.executable, "-c", probe, path], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300

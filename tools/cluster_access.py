@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 import serve_config
+from serve_config import endpoint_keys
 from settings import Settings
 
 # Ray exports each node's metrics here (KubeRay's default --metrics-export-port).
@@ -286,10 +287,11 @@ def first_key(keys_json: str) -> str:
     try:
         keys = json.loads(keys_json)
     except json.JSONDecodeError:
-        raise EndpointKeyError(f"{serve_config.API_KEYS_FILE_KEY} is not JSON") from None
+        raise EndpointKeyError(f"{endpoint_keys.API_KEYS_FILE_KEY} is not JSON") from None
     values = [v for v in keys.values() if isinstance(v, str) and v] if isinstance(keys, dict) else []
     if not values:
-        raise EndpointKeyError(f'{serve_config.API_KEYS_FILE_KEY} holds no key (expected {{"<key id>": "<key>", ...}})')
+        shape = '{"<key id>": "<key>", ...}'
+        raise EndpointKeyError(f"{endpoint_keys.API_KEYS_FILE_KEY} holds no key (expected {shape})")
     return values[0]
 
 
@@ -297,18 +299,18 @@ def endpoint_key(settings: Settings, env: Mapping[str, str] | None = None) -> st
     """The key to send as `Authorization: Bearer`, or None when the endpoint takes none.
 
     OPENAI_API_KEY if set; else the first key of the Kubernetes Secret the endpoint reads
-    (serve_config.API_KEYS_SECRET in the serving namespace), through the caller's own RBAC.
+    (endpoint_keys.API_KEYS_SECRET in the serving namespace), through the caller's own RBAC.
     """
     if not getattr(settings, "endpoint_api_keys_secret_name", None):
         return None
     given = (os.environ if env is None else env).get("OPENAI_API_KEY")
     if given:
         return given
-    field = serve_config.API_KEYS_FILE_KEY.replace(".", "\\.")
-    secret = f"{settings.serving_namespace}/{serve_config.API_KEYS_SECRET}"
+    field = endpoint_keys.API_KEYS_FILE_KEY.replace(".", "\\.")
+    secret = f"{settings.serving_namespace}/{endpoint_keys.API_KEYS_SECRET}"
     try:
         encoded = kubectl(
-            "get", "secret", "-n", settings.serving_namespace, serve_config.API_KEYS_SECRET,
+            "get", "secret", "-n", settings.serving_namespace, endpoint_keys.API_KEYS_SECRET,
             "-o", f"jsonpath={{.data.{field}}}",
         )  # fmt: skip
     except ClusterUnreachableError:
@@ -317,5 +319,5 @@ def endpoint_key(settings: Settings, env: Mapping[str, str] | None = None) -> st
         detail = (str(err).strip().splitlines() or [""])[-1]
         raise EndpointKeyError(f"cannot read secret {secret} (set OPENAI_API_KEY instead?): {detail}") from None
     if not encoded.strip():
-        raise EndpointKeyError(f"secret {secret} has no {serve_config.API_KEYS_FILE_KEY}")
+        raise EndpointKeyError(f"secret {secret} has no {endpoint_keys.API_KEYS_FILE_KEY}")
     return first_key(base64.b64decode(encoded.strip()).decode())
