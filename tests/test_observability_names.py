@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ DATA = Path(__file__).resolve().parent / "data"
 # Recorded from the pd case on 2026-12-01 (rehearsal/metric_names.py wrote them; gzip only):
 # node A runs the Ray head and prefill, node B decode.
 RECORDED = (DATA / "observability_scrape_prefill.prom.gz", DATA / "observability_scrape_decode.prom.gz")
-SITE = Path(__file__).resolve().parent.parent / ".venv" / "lib" / "python3.11" / "site-packages"
+# The installed packages the names are cited from (vLLM 0.26.0, Ray 2.58.0).
+SITE = Path(sysconfig.get_paths()["purelib"])
 SETTINGS = validate(Settings())
 
 
