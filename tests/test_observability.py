@@ -295,3 +295,21 @@ def test_the_collector_may_list_the_serving_namespaces_pods_and_nothing_else() -
         if '"kind":"Namespace"' in json.dumps(r["Properties"]["Manifest"], separators=(",", ":")).replace("\\", "")
     )
     assert depends_on(template, rbac_id, namespace_id)
+
+
+def test_the_cloudwatch_dashboard_and_alarms_run_the_checked_queries() -> None:
+    from cdk_constructs.observability_payloads import alarm_queries, insights_queries
+
+    template = synth()
+    (dashboard,) = resources(template, "AWS::CloudWatch::Dashboard").values()
+    body = json.loads(
+        "".join(p if isinstance(p, str) else "REGION" for p in dashboard["Properties"]["DashboardBody"]["Fn::Join"][1])
+    )
+    expressions = [m[0]["expression"] for w in body["widgets"] for m in w["properties"]["metrics"]]
+    assert sorted(expressions) == sorted(sql for _, sql in insights_queries(CLUSTER, "llm").values())
+    alarmed = {
+        m["Expression"]
+        for a in resources(template, "AWS::CloudWatch::Alarm").values()
+        for m in a["Properties"]["Metrics"]
+    }
+    assert alarmed == {sql for _, sql in alarm_queries(CLUSTER, "llm").values()}
