@@ -23,6 +23,14 @@ GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "true"
 
 
+# The instance families aws-cdk-lib 2.275's aws_eks_v2 takes for GPU types when it checks a node
+# group's AMI type against its instance types (aws-eks-v2/lib/private/nodegroup.js,
+# isGpuInstanceType). P5 is missing: with AL2023_X86_64_NVIDIA it throws
+# AmiTypeDoesNotMatchInstanceArchitecture, so for such a type the node group's InstanceTypes
+# is written as a property override, past that check (the AMI type stays explicit).
+CDK_GPU_FAMILIES = frozenset({"p2", "p3", "p3dn", "p4de", "p4d", "g3s", "g3", "g4dn", "g4ad", "g5", "g5g", "g6", "g6e"})
+
+
 def network_interface_layout(instance_type: str) -> list[tuple[int, int, str]]:
     """(network card index, device index, interface type) for every interface a GPU node gets.
 
@@ -139,11 +147,12 @@ class EfaGpuNodes(Construct):
         self.launch_template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data=data)
 
         self.role = node_role(self, "NodeRole")
+        cdk_knows_gpu = instance_type.split(".")[0] in CDK_GPU_FAMILIES
         self.nodegroup = cluster.add_nodegroup_capacity(
             "GpuNodes",
             # aws-cdk would pick an AL2 GPU AMI for g6; AL2 has no 1.33+ AMIs.
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
-            instance_types=[ec2.InstanceType(instance_type)],
+            instance_types=[ec2.InstanceType(instance_type)] if cdk_knows_gpu else None,
             min_size=node_count,
             desired_size=node_count,
             max_size=node_count,
@@ -159,3 +168,7 @@ class EfaGpuNodes(Construct):
             capacity_type=eks.CapacityType.CAPACITY_BLOCK if capacity_block else None,
             node_role=self.role,
         )
+        if not cdk_knows_gpu:
+            cfn = self.nodegroup.node.default_child
+            assert isinstance(cfn, eks.CfnNodegroup)
+            cfn.add_property_override("InstanceTypes", [instance_type])

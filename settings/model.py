@@ -398,8 +398,18 @@ def validate(s: Settings) -> Settings:
     _validate_capacity_block(s)
     # vLLM starts only if, after the weights and what the largest step sets aside (prefill's,
     # in disaggregated mode), one max_model_len sequence of KV fits (settings/sizing.py gpu_memory_plan).
-    least = min_gpu_memory_utilization(s)
-    plan = gpu_memory_plan(s, "prefill", utilization=MAX_GPU_MEMORY_UTILIZATION)
+    # Per GPU of each side's tensor-parallel group: the side that needs the larger share decides.
+    sizes = {side: s.tensor_parallel_size(side) for side in ("prefill", "decode")}
+    least = min_gpu_memory_utilization(s, sizes)
+    plans = {
+        side: gpu_memory_plan(s, side, utilization=MAX_GPU_MEMORY_UTILIZATION, tensor_parallel_size=tp)
+        for side, tp in sizes.items()
+    }
+    deciding = max(plans, key=lambda side: plans[side].before_kv + plans[side].one_sequence_kv)
+    plan = plans[deciding]
+    where = f"one {gpu.gpu_model}"
+    if sizes[deciding] > 1:
+        where += f" of a {deciding} replica's {sizes[deciding]}"
     set_aside = plan.non_torch + plan.activations + plan.cuda_graphs
     set_aside_text = f"{set_aside:.1f} GiB set aside for a {plan.step_tokens}-token step"
     _require(
@@ -407,15 +417,15 @@ def validate(s: Settings) -> Settings:
         "model_id",
         s.model_id,
         f"weights {plan.weights:.1f} GiB + KV cache for max_model_len={s.max_model_len} {plan.one_sequence_kv:.1f} GiB "
-        f"+ {set_aside_text} must fit {plan.budget:.1f} GiB of one {gpu.gpu_model} even at "
+        f"+ {set_aside_text} must fit {plan.budget:.1f} GiB of {where} even at "
         f"gpu_memory_utilization={MAX_GPU_MEMORY_UTILIZATION}; pick a smaller model or max_model_len, or a larger GPU",
     )
     _require(
         s.gpu_memory_utilization >= least,
         "gpu_memory_utilization",
         s.gpu_memory_utilization,
-        f"at least {math.ceil(least * 1000) / 1000:.3f} for {s.model_id} at max_model_len={s.max_model_len} on one "
-        f"{gpu.gpu_model}: weights {plan.weights:.1f} GiB + {set_aside_text} (activations {plan.activations:.2f}, "
+        f"at least {math.ceil(least * 1000) / 1000:.3f} for {s.model_id} at max_model_len={s.max_model_len} on "
+        f"{where}: weights {plan.weights:.1f} GiB + {set_aside_text} (activations {plan.activations:.2f}, "
         f"CUDA graphs {plan.cuda_graphs:.2f}, non-torch {plan.non_torch:.2f}) + KV for one max_model_len sequence "
         f"{plan.one_sequence_kv:.2f} GiB, or vLLM refuses to start",
     )
