@@ -199,7 +199,7 @@ def test_recreate_job_deletes_only_a_cluster_and_pods_built_from_another_spec(ra
 def test_recreate_job_runs_after_the_rayservice(template: dict[str, Any]) -> None:
     job = manifest_resource(template, "Job", name_prefix="raycluster-recreate-")
     assert depends_on(template, job, manifest_resource(template, "RayService"))
-    assert depends_on(template, job, manifest_resource(template, "Role"))
+    assert depends_on(template, job, manifest_resource(template, "Role", name_prefix="raycluster-recreator"))
 
 
 def test_the_operator_is_not_waited_on_needlessly(template: dict[str, Any]) -> None:
