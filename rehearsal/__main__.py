@@ -30,16 +30,19 @@ class Case:
     evidence: str = ""
 
 
+# How deploy() ends a failure case: the app reached its terminal status and the endpoint served no chat.
+_FAILED = r"deploy failed: app DEPLOY_FAILED after \d+ s, endpoint served no chat \(chat: [^)]*\); "
+
 CASES = (
     Case("pd", passes=True),
     # The same GPUs serving aggregated (serving_mode=aggregated): it serves, with no NIXL anywhere.
     Case("aggregated", passes=True),
     # A product config with backends [UCX]: across two nodes decode's pre-warm fails the NIXL
-    # handshake and the deploy fails; where UCX does connect, verify flags the UCX backend.
+    # handshake and the app fails; where UCX does connect, verify flags the UCX backend.
     Case(
         "ucx",
         passes=False,
-        failure=r"UCX backend instantiated|deploy failed: an engine could not start or pre-warm: NIXL transfer failure",
+        failure=rf"UCX backend instantiated|{_FAILED}an engine could not start or pre-warm: NIXL transfer failure",
         evidence=r"Backend UCX was instantiated",
     ),
     # Prefill advertises a NIXL side channel decode cannot reach: decode's pre-warm fails its
@@ -47,14 +50,14 @@ CASES = (
     Case(
         "wrong-side-channel",
         passes=False,
-        failure=r"deploy failed: an engine could not start or pre-warm: NIXL transfer failure: handshake_",
+        failure=rf"{_FAILED}an engine could not start or pre-warm: NIXL transfer failure: handshake_",
         evidence=r"NIXL transfer failure: handshake_\w+",
     ),
     # NIXL's LIBFABRIC plugin cannot load (no libfabric.so.1): NIXL's own message.
     Case(
         "no-plugin",
         passes=False,
-        failure=r"deploy failed: an engine could not start.*(unsupported backend 'LIBFABRIC'|Skipping backend)",
+        failure=rf"{_FAILED}an engine could not start.*(unsupported backend 'LIBFABRIC'|Skipping backend)",
         evidence=r"createBackend: unsupported backend 'LIBFABRIC'|Skipping backend registration LIBFABRIC",
     ),
 )

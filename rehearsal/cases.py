@@ -2,21 +2,29 @@
 
 - CASE_SETTINGS: the product's settings for a case, as a user would set them (the stack is
   synthesized with them).
-- CASE_CHANGES: what a failure case breaks, on the CPU serve config or the Ray processes'
-  environment (rehearsal.context.Setup), after the CPU deltas.
+- CASE_CHANGES: what a case changes on the CPU serve config or the Ray processes' environment
+  (rehearsal.context.Setup), after the CPU deltas: a failure case, what it breaks. A failure
+  case also gets FAILURE_DELTAS (rehearsal/deploy.py) and must end with the app DEPLOY_FAILED.
 - CASE_PHASES: what a passing case runs, in order, against its one deployed app
   (rehearsal.context.Phase). A phase whose checks fail ends the case, so the bench comes last.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
 
-from rehearsal import checks, metric_names
+from rehearsal import checks, faults, metric_names
 from rehearsal.context import Phase, Setup
+from rehearsal.deploy import apply_failure_deltas
+from rehearsal.faults import Fault
 from rehearsal.network import RehearsalError
 
 CASE_NAMES = ("pd", "aggregated", "ucx", "wrong-side-channel", "no-plugin")
+# Each breaks one thing the product relies on, and must fail: the app DEPLOY_FAILED, the endpoint refusing.
+FAILURE_CASES = ("ucx", "wrong-side-channel", "no-plugin")
 # The cases that deploy the product in another serving mode (a setting, as a user would set it).
 CASE_SETTINGS: dict[str, dict[str, str]] = {"aggregated": {"serving_mode": "aggregated"}}
 
@@ -49,10 +57,37 @@ CASE_CHANGES: dict[str, Callable[[Setup], None]] = {
     "no-plugin": _no_plugin,
 }
 
+# A fault made while a case deploys (issue 24 item 12): the app must come up all the same.
+CASE_DEPLOY_FAULTS: dict[str, Callable[[Path, str], AbstractContextManager[Fault]]] = {
+    "pd": faults.kill_decode_in_prewarm,
+}
+
+
+@contextlib.contextmanager
+def deploy_fault(case: str, temp_dir: Path, node_b_namespace: str) -> Iterator[Fault | None]:
+    """The case's fault while the block deploys, if it has one."""
+    make = CASE_DEPLOY_FAULTS.get(case)
+    if make is None:
+        yield None
+        return
+    with make(temp_dir, node_b_namespace) as fault:
+        yield fault
+
+
 CASE_PHASES: dict[str, tuple[Phase, ...]] = {
-    "pd": (checks.verify_checks, metric_names.names_check, checks.bench),
+    # The pre-warm probe first: it reads what decode's pre-warm moved before any request.
+    "pd": (
+        checks.prewarm_probe,
+        checks.verify_checks,
+        metric_names.names_check,
+        checks.bench,
+    ),
     "aggregated": (checks.verify_checks, checks.bench),
 }
+
+
+def is_failure_case(case: str) -> bool:
+    return case in FAILURE_CASES
 
 
 def apply_case(setup: Setup) -> None:
@@ -61,6 +96,8 @@ def apply_case(setup: Setup) -> None:
     change = CASE_CHANGES.get(setup.case)
     if change is not None:
         change(setup)
+    if is_failure_case(setup.case):
+        apply_failure_deltas(setup.config)
 
 
 def phases(case: str) -> tuple[Phase, ...]:

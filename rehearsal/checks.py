@@ -49,6 +49,35 @@ def all_prompt_tokens() -> float | None:
     return sum(present) if present else None
 
 
+# Decode's pre-warm (Ray 2.58 pd_server.py) sends the prompt " x" with max_tokens 1 through each
+# prefill replica: one prompt token, one KV block, one NIXL read by decode (vLLM 0.26 pulls every
+# prompt block, nixl/pull_scheduler.py). So the pre-warm proves the handshake and a real transfer.
+PREWARM_TRANSFERS = 1.0
+NIXL_BYTES = "vllm:nixl_bytes_transferred_sum"
+
+
+def prewarm_probe(ctx: Context) -> list[Any]:
+    """What decode's pre-warm moved, read after deploy and before any request, once Ray's export held still."""
+    from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, metric_total
+    from tools.verify import Check, settled
+
+    if ctx.aggregated:
+        return []
+
+    def read() -> tuple[NixlSnapshot, float | None, float | None]:
+        decode, prefill = metrics_text(DECODE_METRICS), metrics_text(PREFILL_METRICS)
+        return NixlSnapshot.of(decode), metric_total(decode, NIXL_BYTES), metric_total(prefill, PROMPT_TOKENS)
+
+    counters, moved, prompt = settled(read)
+    ctx.metrics.update(prewarm_transfers=counters.transfers, prewarm_bytes=moved, prewarm_prefill_prompt_tokens=prompt)
+    ok = counters.transfers == PREWARM_TRANSFERS and (moved or 0.0) > 0 and counters.failed == 0
+    detail = (
+        f"before any request: decode nixl transfers {counters.transfers:g} (expected {PREWARM_TRANSFERS:g}), "
+        f"{moved or 0:g} bytes, failed {counters.failed:g}; prefill prompt tokens {prompt}"
+    )
+    return [Check("pre-warm moved KV over NIXL", ok, detail)]
+
+
 def verify_checks(ctx: Context) -> list[Any]:
     """verify's own checks, on the P/D app or (aggregated) on the aggregated one."""
     from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, http_json, metric_total
@@ -64,6 +93,7 @@ def verify_checks(ctx: Context) -> list[Any]:
         poll,
         poll_until_grown,
         prefill_check,
+        prewarm_check,
         served_check,
     )
 
@@ -77,9 +107,12 @@ def verify_checks(ctx: Context) -> list[Any]:
         """The endpoint's two calls; only after every counter's baseline is taken."""
         return [
             guard(
-                "GET /v1/models", lambda: models_check(http_json(f"{ctx.serve}/v1/models", timeout=120), ctx.model_id)
+                "GET /v1/models",
+                lambda: models_check(
+                    http_json(f"{ctx.serve}/v1/models", timeout=120, api_key=ctx.api_key), ctx.model_id
+                ),
             ),
-            guard("POST /v1/chat/completions", lambda: chat_check(ctx.serve, ctx.model_id)),
+            guard("POST /v1/chat/completions", lambda: chat_check(ctx.serve, ctx.model_id, api_key=ctx.api_key)),
         ]
 
     if ctx.aggregated:
@@ -103,6 +136,7 @@ def verify_checks(ctx: Context) -> list[Any]:
     text = ray_logs(ctx.temp_dir)
     findings = nixl_log_findings(text, EXPECTED_PROVIDER)
     checks.insert(0, Check("NIXL LIBFABRIC backend, no fallback", not findings.problems, "; ".join(findings.problems)))
+    checks.insert(1, prewarm_check({"Ray and engine logs": text}))
     lines = [
         line.strip()
         for line in text.splitlines()
@@ -118,11 +152,13 @@ def bench(ctx: Context) -> list[Any]:
 
     No checks of its own: a bench that cannot run raises, and the case fails."""
     if ctx.results is not None:
-        short_bench(ctx.model_id, ctx.model_dir, ctx.results, ctx.headers, ctx.aggregated)
+        short_bench(ctx.model_id, ctx.model_dir, ctx.results, ctx.headers, ctx.aggregated, ctx.api_key)
     return []
 
 
-def short_bench(model_id: str, model_dir: Path, out: Path, headers: dict[str, str], aggregated: bool) -> None:
+def short_bench(
+    model_id: str, model_dir: Path, out: Path, headers: dict[str, str], aggregated: bool, api_key: str | None = None
+) -> None:
     from tools import bench as tools_bench
     from tools.cluster_access import NixlSnapshot
     from tools.verify import grew, poll, poll_until_grown
@@ -148,7 +184,9 @@ def short_bench(model_id: str, model_dir: Path, out: Path, headers: dict[str, st
             base_url=SERVE, model=model_id, point=point, output_len=BENCH_OUTPUT_LEN, num_prompts=BENCH_PROMPTS,
             result_dir=out, result_file=name, tokenizer=str(model_dir),
         )  # fmt: skip
-        subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True)
+        # vLLM's bench sends OPENAI_API_KEY as `Authorization: Bearer`, as `make bench` runs it.
+        env = tools_bench.bench_env(api_key)
+        subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True, env=env)
         # Ray exports counters every 10 s: wait for this point's requests before the next point.
         if aggregated:
             poll(all_prompt_tokens, grew(tokens_before))

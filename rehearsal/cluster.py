@@ -16,8 +16,10 @@ from tools.cluster_access import RAY_METRICS_PORT
 
 
 @contextlib.contextmanager
-def ray_cluster(env: dict[str, str], temp_dir: Path, nodes: Nodes) -> Iterator[None]:
-    """The Ray head with prefill's resource on node A, a worker with decode's on node B, as KubeRay's groups."""
+def ray_cluster(env: dict[str, str], temp_dir: Path, nodes: Nodes, head_env: dict[str, str]) -> Iterator[None]:
+    """The Ray head with prefill's resource on node A, a worker with decode's on node B, as KubeRay's groups.
+
+    head_env: what the head container sets beside the workers' environment."""
     ray = str(Path(sys.executable).parent / "ray")
     common = ["--num-cpus=6", f"--metrics-export-port={RAY_METRICS_PORT}", "--disable-usage-stats"]
     head = [
@@ -28,9 +30,12 @@ def ray_cluster(env: dict[str, str], temp_dir: Path, nodes: Nodes) -> Iterator[N
         *nodes.node_b, ray, "start", f"--address={HEAD_IP}:6379", f"--node-ip-address={WORKER_IP}",
         f"--resources={json.dumps({'decode': 1})}", *common,
     ]  # fmt: skip
+    # Started outside the repository, as in a pod: Ray hands its processes' directory to the workers'
+    # import path, and this project's code must reach them only as the pods get it (ray_pods via PYTHONPATH).
+    outside = temp_dir.parent
     try:
-        subprocess.run(head, env={**env, "FI_TCP_IFACE": HEAD_IFACE}, check=True, timeout=180)
-        subprocess.run(worker, env={**env, "FI_TCP_IFACE": WORKER_IFACE}, check=True, timeout=180)
+        subprocess.run(head, env={**env, **head_env, "FI_TCP_IFACE": HEAD_IFACE}, check=True, timeout=180, cwd=outside)
+        subprocess.run(worker, env={**env, "FI_TCP_IFACE": WORKER_IFACE}, check=True, timeout=180, cwd=outside)
         yield
     finally:
         # Not `ray stop`: it finds Ray processes by name on the whole machine, other

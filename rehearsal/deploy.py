@@ -9,13 +9,15 @@ import re
 import secrets
 import tempfile
 import time
+import urllib.error
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rehearsal.cluster import ray_logs
-from rehearsal.network import DASHBOARD, RehearsalError, http
+from rehearsal.network import DASHBOARD, SERVE, RehearsalError, http
+from serve_config import SIDES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,6 +32,13 @@ CPU_DELTAS: dict[str, str] = {
     "engine_kwargs.dtype": "float32: this CPU has no fast bfloat16 path",
     "runtime_env.env_vars.VLLM_CPU_OMP_THREADS_BIND": "one core per side (0 prefill, 1 decode); aggregated: both",
 }
+# What a failure case changes beside CPU_DELTAS, and why (a test pins this set). Serve retries a
+# replica's constructor min(max_constructor_retry_count, replicas x RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT)
+# times before the deployment is terminally failed (serve/_private/deployment_state.py); a
+# failure case needs the terminal state, and one failed start of each side reaches it.
+FAILURE_DELTAS: dict[str, str] = {
+    "deployment_config.max_constructor_retry_count": "1: the app is DEPLOY_FAILED after one failed start",
+}
 # Environment of the Ray processes here, beside the product's worker environment.
 CPU_ENV = {
     "FI_PROVIDER": "tcp",  # replaces the product's efa: no EFA device here (FI_TCP_IFACE: per node)
@@ -40,10 +49,24 @@ CPU_ENV = {
 }
 CORES = {"prefill": "0", "decode": "1", "aggregated": "0-1"}
 DEPLOY_TIMEOUT_S = 720.0
+# How long a chat to a failed app is given: Serve's proxy holds it (no replica of decode), with no answer.
+ENDPOINT_TIMEOUT_S = 30.0
 
 
 def product_rayservice(overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The RayService in the synthesized template, on default settings (or with these overrides)."""
+    return rayservice_of(product_manifests(overrides))
+
+
+def rayservice_of(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    for doc in manifests:
+        if doc.get("kind") == "RayService":
+            return dict(doc)
+    raise RehearsalError("no RayService in the synthesized template")
+
+
+def product_manifests(overrides: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every Kubernetes object in the synthesized template, on default settings (or with these overrides)."""
     os.environ.setdefault("CDK_VALIDATION", "false")
     from app import STACK_NAME, build_app
     from settings import project_context
@@ -54,13 +77,12 @@ def product_rayservice(overrides: dict[str, str] | None = None) -> dict[str, Any
         os.environ["CDK_OUTDIR"] = out
         app, _, _ = build_app(context)
         template = app.synth().get_stack_by_name(STACK_NAME).template
-    for resource in template["Resources"].values():
-        if resource["Type"] != "Custom::AWSCDK-EKS-KubernetesResource":
-            continue
-        for doc in json.loads(render(resource["Properties"]["Manifest"])):
-            if doc.get("kind") == "RayService":
-                return dict(doc)
-    raise RehearsalError("no RayService in the synthesized template")
+    return [
+        doc
+        for resource in template["Resources"].values()
+        if resource["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"
+        for doc in json.loads(render(resource["Properties"]["Manifest"]))
+    ]
 
 
 def llm_configs(config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -68,7 +90,8 @@ def llm_configs(config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     args = config["applications"][0]["args"]
     if "llm_configs" in args:
         return [("aggregated", c) for c in args["llm_configs"]]
-    return [(key.removesuffix("_config"), c) for key, c in args.items()]
+    # Only the two sides: the args may also carry ingress_cls_config (the endpoint's key ingress).
+    return [(side, args[f"{side}_config"]) for side in SIDES]
 
 
 def cpu_serve_config(rayservice: dict[str, Any], model_dir: Path) -> dict[str, Any]:
@@ -83,6 +106,12 @@ def cpu_serve_config(rayservice: dict[str, Any], model_dir: Path) -> dict[str, A
         env = llm.setdefault("runtime_env", {}).setdefault("env_vars", {})
         env["VLLM_CPU_OMP_THREADS_BIND"] = CORES[side]
     return config
+
+
+def apply_failure_deltas(config: dict[str, Any]) -> None:
+    """FAILURE_DELTAS on every LLMConfig of the serve config."""
+    for _, llm in llm_configs(config):
+        llm.setdefault("deployment_config", {})["max_constructor_retry_count"] = 1
 
 
 def is_aggregated(config: dict[str, Any]) -> bool:
@@ -103,6 +132,14 @@ def product_worker_env(rayservice: dict[str, Any]) -> dict[str, str]:
             if "value" in item:
                 env[item["name"]] = str(item["value"])
     return env
+
+
+def product_head_env(rayservice: dict[str, Any]) -> dict[str, str]:
+    """Ray's own knobs (RAY_*) among the head container's plain values: its raylet and Serve's controller read them."""
+    container = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    return {
+        e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e and e["name"].startswith("RAY_")
+    }
 
 
 def kuberay_auth_env(rayservice: dict[str, Any]) -> dict[str, str]:
@@ -132,24 +169,68 @@ ENGINE_FAILED = re.compile(
 )
 
 
-def deploy(config: dict[str, Any], temp_dir: Path, headers: dict[str, str]) -> None:
-    """PUT the serve config to the dashboard, as KubeRay does (with its token header), and wait until the app runs."""
+def app_status(config: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """The application's entry in the dashboard's GET /api/serve/applications/ (what KubeRay polls)."""
+    status = http(f"{DASHBOARD}/api/serve/applications/", headers=headers)
+    return dict((status or {}).get("applications", {}).get(config["applications"][0]["name"], {}))
+
+
+def first_fatal_line(temp_dir: Path) -> str | None:
+    """The first log line of an engine that could not start or pre-warm; NIXL's own line first."""
+    fatal = ENGINE_FAILED.findall(ray_logs(temp_dir))
+    return sorted(fatal, key=lambda line: "Engine core" in line)[0].strip()[:200] if fatal else None
+
+
+def endpoint_answer(url: str, body: Any, timeout: float) -> tuple[bool, str]:
+    """Whether the endpoint answered one request with success, and what it said: 'HTTP <status>',
+    'no connection', or 'no answer in N s' (a request the endpoint holds: a client would hang)."""
+    try:
+        http(url, body, method="POST" if body is not None else "GET", timeout=timeout)
+    except urllib.error.HTTPError as err:
+        return False, f"HTTP {err.code}"
+    except urllib.error.URLError as err:
+        return False, f"no connection: {err.reason}"
+    except TimeoutError:
+        return False, f"no answer in {timeout:.0f} s"
+    except (OSError, ValueError) as err:
+        return False, f"{type(err).__name__}: {err}"
+    return True, "HTTP 200"
+
+
+def failed_endpoint(model: str) -> tuple[bool, str]:
+    """After DEPLOY_FAILED: whether the endpoint served a chat, and what it said to a chat and to /v1/models."""
+    chat = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    served, said = endpoint_answer(f"{SERVE}/v1/chat/completions", chat, ENDPOINT_TIMEOUT_S)
+    _, models = endpoint_answer(f"{SERVE}/v1/models", None, 10.0)
+    return served, f"chat: {said}, /v1/models: {models}"
+
+
+def deploy(config: dict[str, Any], temp_dir: Path, headers: dict[str, str], *, to_terminal_state: bool = False) -> None:
+    """PUT the serve config to the dashboard, as KubeRay does (with its token header), and wait until the app runs.
+
+    A case that must pass stops at the first log line of an engine that could not start.
+    A failure case (to_terminal_state) instead waits for the app's terminal status, as
+    KubeRay sees it, and then calls the endpoint: the failure is shown only when the app
+    reached DEPLOY_FAILED and the endpoint served no chat."""
     http(f"{DASHBOARD}/api/serve/applications/", config, method="PUT", timeout=60, headers=headers)
-    deadline = time.monotonic() + DEPLOY_TIMEOUT_S
+    started = time.monotonic()
     last = ""
-    while time.monotonic() < deadline:
-        fatal = ENGINE_FAILED.findall(ray_logs(temp_dir))
-        if fatal:
-            # NIXL's own line first, where there is one.
-            first = sorted(fatal, key=lambda line: "Engine core" in line)[0]
-            raise RehearsalError(f"deploy failed: an engine could not start or pre-warm: {first.strip()[:200]}")
+    while time.monotonic() - started < DEPLOY_TIMEOUT_S:
+        fatal = first_fatal_line(temp_dir)
+        if fatal and not to_terminal_state:
+            raise RehearsalError(f"deploy failed: an engine could not start or pre-warm: {fatal}")
         with contextlib.suppress(OSError, ValueError):
-            status = http(f"{DASHBOARD}/api/serve/applications/", headers=headers)
-            app = (status or {}).get("applications", {}).get(config["applications"][0]["name"], {})
+            app = app_status(config, headers)
             last = str(app.get("status"))
             if last == "RUNNING":
                 return
             if last == "DEPLOY_FAILED":
-                raise RehearsalError(f"deploy failed: {(app.get('message') or '').strip().splitlines()[-1:]}")
+                served, answer = failed_endpoint(model_id(config))
+                message = (app.get("message") or "").strip().splitlines()[:1]
+                raise RehearsalError(
+                    f"deploy failed: app DEPLOY_FAILED after {time.monotonic() - started:.0f} s, "
+                    f"endpoint {'SERVED' if served else 'served no'} chat "
+                    f"({answer}); an engine could not start or pre-warm: {fatal or message}"
+                )
         time.sleep(5)
     raise RehearsalError(f"the app was not RUNNING after {DEPLOY_TIMEOUT_S:.0f} s (last status {last})")

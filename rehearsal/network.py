@@ -57,6 +57,11 @@ class Nodes:
         """A command prefix that runs its command in node B's namespace."""
         return ["nsenter", f"--net=/proc/{self.holder.pid}/ns/net"]
 
+    @property
+    def node_b_namespace(self) -> str:
+        """Node B's network namespace, as /proc/<pid>/ns/net reads it."""
+        return os.readlink(f"/proc/{self.holder.pid}/ns/net")
+
 
 @contextlib.contextmanager
 def two_nodes() -> Iterator[Nodes]:

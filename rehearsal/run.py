@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rehearsal import native
-from rehearsal.cases import CASE_NAMES, CASE_SETTINGS, apply_case, phases
+from rehearsal.cases import CASE_NAMES, CASE_SETTINGS, apply_case, deploy_fault, is_failure_case, phases
 from rehearsal.checks import auth_checks
 from rehearsal.cluster import ray_cluster, ray_logs
 from rehearsal.context import Context, Setup
@@ -50,8 +50,10 @@ from rehearsal.deploy import (
     deploy,
     kuberay_auth_env,
     kuberay_headers,
-    product_rayservice,
+    product_head_env,
+    product_manifests,
     product_worker_env,
+    rayservice_of,
 )
 from rehearsal.native import NativeError
 from rehearsal.network import IN_NAMESPACE, Nodes, RehearsalError, in_namespace, two_nodes
@@ -90,21 +92,26 @@ def _run(case: str, nodes: Nodes, work: Path, logs_out: Path | None, results: Pa
 
     model_dir = make(work / "model")
     timings["model"] = time.monotonic() - started
-    rayservice = product_rayservice(CASE_SETTINGS.get(case))
+    manifests = product_manifests(CASE_SETTINGS.get(case))
+    rayservice = rayservice_of(manifests)
     config = cpu_serve_config(rayservice, model_dir)
     env = {**os.environ, **product_worker_env(rayservice), **kuberay_auth_env(rayservice), **CPU_ENV}
     env["LD_LIBRARY_PATH"] = ":".join([*libs.library_dirs, env.get("LD_LIBRARY_PATH", "")])
     # The product's HF_HOME is the GPU node's NVMe hostPath, which does not exist here.
     env["HF_HOME"] = str(work / "huggingface")
-    apply_case(Setup(case, config, env, libs, work))
+    setup = Setup(case, config, env, libs, work)
+    apply_case(setup)
     timings["config"] = time.monotonic() - started
     temp_dir = work / "ray"
     headers = kuberay_headers(env)
     ctx = Context(case, config, env, headers, temp_dir, work, model_dir, results)
-    with ray_cluster(env, temp_dir, nodes):
+    with ray_cluster(env, temp_dir, nodes, product_head_env(rayservice)):
         try:
             refusals = auth_checks(config, env)
-            deploy(config, temp_dir, headers)
+            deploying = time.monotonic()
+            with deploy_fault(case, temp_dir, nodes.node_b_namespace) as fault:
+                deploy(config, temp_dir, headers, to_terminal_state=is_failure_case(case))
+            refusals += [] if fault is None else [fault.check(deploying)]
             timings["deploy"] = time.monotonic() - started
             found = refusals + run_phases(ctx)
             timings["checks"] = time.monotonic() - started

@@ -126,7 +126,10 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
         "model_source": settings.model_source or settings.model_id,
     }
     config["accelerator_type"] = settings.gpu_instance.ray_accelerator_type
-    config["deployment_config"] = {"num_replicas": replicas(settings, side)}
+    config["deployment_config"] = {
+        "num_replicas": replicas(settings, side),
+        **data["sides"][side].get("deployment_config", {}),
+    }
     if data["sides"][side]["experimental_configs"]:
         config["experimental_configs"] = data["sides"][side]["experimental_configs"]
     return config

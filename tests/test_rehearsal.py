@@ -113,3 +113,115 @@ def test_a_libfabric_source_with_another_digest_is_refused(tmp_path: Path) -> No
     with _serve(tmp_path / "mirror") as mirror, pytest.raises(native.NativeError, match="sha256"):
         native.fetch_libfabric_source(tmp_path / "out" / native.LIBFABRIC_TARBALL, [mirror])
     assert not (tmp_path / "out").exists()
+
+
+# --- issue 24 item 10: a failure case ends at DEPLOY_FAILED, and the endpoint serves no chat ----------
+def test_failure_cases_change_only_the_failure_deltas_which_rays_schema_accepts(rayservice: dict[str, Any]) -> None:
+    import copy
+
+    from ray.serve._private.config import DeploymentConfig
+    from ray.serve.llm import LLMConfig
+
+    from rehearsal.deploy import FAILURE_DELTAS, apply_failure_deltas, llm_configs
+
+    cpu = cpu_serve_config(rayservice, Path("/models/tiny"))
+    failing = copy.deepcopy(cpu)
+    apply_failure_deltas(failing)
+    for (side, before), (_, after) in zip(llm_configs(cpu), llm_configs(failing), strict=True):
+        assert _paths(before, after) == set(FAILURE_DELTAS), side
+        # Ray validates deployment_config with Serve's DeploymentConfig, which ignores a key it does not
+        # know: the value must come back out of it.
+        validated = DeploymentConfig(**LLMConfig(**after).deployment_config)
+        assert validated.max_constructor_retry_count == 1
+
+
+@pytest.mark.parametrize("name", ["ucx", "wrong-side-channel", "no-plugin"])
+def test_a_failure_case_passes_only_with_the_app_failed_and_no_chat_served(name: str) -> None:
+    """The line deploy() ends a failure case with: the terminal status and the endpoint's answer are required."""
+    import re
+
+    from rehearsal.__main__ import CASES
+
+    (case,) = [c for c in CASES if c.name == name]
+    cause = {
+        "ucx": "NIXL transfer failure: handshake_failed",
+        "wrong-side-channel": "NIXL transfer failure: handshake_setup_failed",
+        "no-plugin": "createBackend: unsupported backend 'LIBFABRIC'",
+    }[name]
+    at_first_log_line = f"rehearsal FAILED ({name}): deploy failed: an engine could not start or pre-warm: {cause}"
+    terminal = (
+        f"rehearsal FAILED ({name}): deploy failed: app DEPLOY_FAILED after 150 s, endpoint served no chat "
+        f"(chat: no answer in 30 s, /v1/models: HTTP 200); an engine could not start or pre-warm: {cause}"
+    )
+    served = terminal.replace("endpoint served no chat", "endpoint SERVED chat")
+    assert re.search(case.failure, terminal)
+    assert not re.search(case.failure, at_first_log_line)
+    assert not re.search(case.failure, served)
+
+
+# --- issue 24 item 12: a failed decode start is retried within a budget -------------------------
+RETRY_BUDGET = 10
+
+
+def test_serve_retries_a_failed_decode_start_ten_times_by_rays_own_rule(
+    rayservice: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's threshold, min(max_constructor_retry_count, replicas x RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT),
+    computed by Ray's own property with the product's deployment_config and the head's environment:
+    decode gets exactly the budget at any replica count (a decode that cannot start fails in bounded
+    time), prefill at least the budget."""
+    from types import SimpleNamespace
+
+    from ray.serve._private import deployment_state
+    from ray.serve._private.config import DeploymentConfig
+
+    from rehearsal.deploy import product_head_env
+
+    per_replica = int(product_head_env(rayservice)["RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT"])
+    monkeypatch.setattr(deployment_state, "MAX_PER_REPLICA_RETRY_COUNT", per_replica)
+    args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
+    for side in ("decode", "prefill"):
+        given = args[f"{side}_config"]["deployment_config"]
+        config = DeploymentConfig(**given)
+        # DeploymentConfig ignores a key it does not know: what the product sets must come back out.
+        assert config.max_constructor_retry_count == given.get("max_constructor_retry_count", 20), side
+        for replicas in (1, 2, 4):
+            target = SimpleNamespace(info=SimpleNamespace(deployment_config=config), target_num_replicas=replicas)
+            threshold = deployment_state.DeploymentState._failed_to_start_threshold.fget(
+                SimpleNamespace(_target_state=target)
+            )
+            if side == "decode":
+                assert threshold == RETRY_BUDGET, (side, replicas, threshold)
+            else:
+                assert threshold >= RETRY_BUDGET, (side, replicas, threshold)
+
+
+# --- issue 24 item 11: what the pre-warm moves, and verify catching a skipped prefill replica ---------
+
+
+def test_the_prewarm_is_one_prompt_token_so_one_transfer_per_prefill_replica() -> None:
+    """The pinned count in the rehearsal's pre-warm probe rests on Ray's pre-warm request."""
+    from ray.llm._internal.serve.serving_patterns.prefill_decode import pd_server
+
+    from rehearsal.checks import PREWARM_TRANSFERS
+
+    assert (pd_server._PREWARM_PROMPT, pd_server._PREWARM_MAX_TOKENS) == (" x", 1)
+    assert PREWARM_TRANSFERS == 1.0
+
+
+def test_verify_fails_a_prewarm_that_skipped_a_prefill_replica() -> None:
+    """The line Ray 2.58 logs when prefill answered the pre-warm with an error, built from Ray's own format string."""
+    import inspect
+    import re
+
+    from ray.llm._internal.serve.serving_patterns.prefill_decode import pd_server
+
+    from tools.verify import prewarm_check
+
+    (fmt,) = re.findall(
+        r'"(\[PDDecodeServer\] P replica %d returned empty kv_params; skipping\.)"', inspect.getsource(pd_server)
+    )
+    line = f"INFO 2026-12-01 04:44:20,101 llm_Decode {fmt % 0}"
+    assert not prewarm_check({"decode-pod": f"[PDDecodeServer] Starting pre-warm\n{line}\n"}).ok
+    done = "[PDDecodeServer] Pre-warm complete — all P replicas registered."
+    assert prewarm_check({"decode-pod": f"[PDDecodeServer] Starting pre-warm\n{done}\n"}).ok
