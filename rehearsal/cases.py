@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from rehearsal import checks, faults, metric_names
+from rehearsal import checks, faults, keys, metric_names
 from rehearsal.context import Phase, Setup
 from rehearsal.deploy import apply_failure_deltas
 from rehearsal.faults import Fault
@@ -26,7 +26,12 @@ CASE_NAMES = ("pd", "aggregated", "ucx", "wrong-side-channel", "no-plugin")
 # Each breaks one thing the product relies on, and must fail: the app DEPLOY_FAILED, the endpoint refusing.
 FAILURE_CASES = ("ucx", "wrong-side-channel", "no-plugin")
 # The cases that deploy the product in another serving mode (a setting, as a user would set it).
-CASE_SETTINGS: dict[str, dict[str, str]] = {"aggregated": {"serving_mode": "aggregated"}}
+# The two serving cases run with API keys on the endpoint, as a user with keys deploys (and like with like
+# for bench compare); the failure cases keep the defaults.
+CASE_SETTINGS: dict[str, dict[str, str]] = {
+    "pd": {**keys.KEY_SETTINGS},
+    "aggregated": {"serving_mode": "aggregated", **keys.KEY_SETTINGS},
+}
 
 
 def _ucx(setup: Setup) -> None:
@@ -78,11 +83,13 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
     # The pre-warm probe first: it reads what decode's pre-warm moved before any request.
     "pd": (
         checks.prewarm_probe,
+        keys.key_checks,
         checks.verify_checks,
         metric_names.names_check,
         checks.bench,
+        keys.key_log_scan,
     ),
-    "aggregated": (checks.verify_checks, checks.bench),
+    "aggregated": (keys.key_checks, checks.verify_checks, checks.bench, keys.key_log_scan),
 }
 
 

@@ -39,7 +39,7 @@ import urllib.error
 from pathlib import Path
 from typing import Any
 
-from rehearsal import native
+from rehearsal import keys, native
 from rehearsal.cases import CASE_NAMES, CASE_SETTINGS, apply_case, deploy_fault, is_failure_case, phases
 from rehearsal.checks import auth_checks
 from rehearsal.cluster import ray_cluster, ray_logs
@@ -100,11 +100,12 @@ def _run(case: str, nodes: Nodes, work: Path, logs_out: Path | None, results: Pa
     # The product's HF_HOME is the GPU node's NVMe hostPath, which does not exist here.
     env["HF_HOME"] = str(work / "huggingface")
     setup = Setup(case, config, env, libs, work)
+    endpoint_keys = keys.prepare(setup, manifests)
     apply_case(setup)
     timings["config"] = time.monotonic() - started
     temp_dir = work / "ray"
     headers = kuberay_headers(env)
-    ctx = Context(case, config, env, headers, temp_dir, work, model_dir, results)
+    ctx = Context(case, config, env, headers, temp_dir, work, model_dir, results, endpoint_keys=endpoint_keys)
     with ray_cluster(env, temp_dir, nodes, product_head_env(rayservice)):
         try:
             refusals = auth_checks(config, env)
