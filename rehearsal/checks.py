@@ -160,11 +160,18 @@ def short_bench(
     model_id: str, model_dir: Path, out: Path, headers: dict[str, str], aggregated: bool, api_key: str | None = None
 ) -> None:
     from tools import bench as tools_bench
-    from tools.cluster_access import NixlSnapshot
-    from tools.verify import grew, poll, poll_until_grown
+    from tools.cluster_access import EngineSnapshot, NixlSnapshot
+    from tools.verify import grew, poll, settled
 
-    def snapshot() -> NixlSnapshot:
-        return NixlSnapshot.of(metrics_text(DECODE_METRICS))
+    # The engines that decode: decode's node in P/D mode; in aggregated mode both nodes' replicas.
+    engine_urls = (PREFILL_METRICS, DECODE_METRICS) if aggregated else (DECODE_METRICS,)
+
+    def snapshot() -> tuple[NixlSnapshot, EngineSnapshot]:
+        texts = {url: metrics_text(url) for url in {DECODE_METRICS, *engine_urls}}
+        return NixlSnapshot.of(texts[DECODE_METRICS]), EngineSnapshot.of(*(texts[url] for url in engine_urls))
+
+    def grown(before: tuple[NixlSnapshot, EngineSnapshot]) -> tuple[NixlSnapshot, EngineSnapshot]:
+        return poll(snapshot, lambda after: after[0].transfers > before[0].transfers)
 
     out.mkdir(parents=True, exist_ok=True)
     # Labelled from the live application, as bench labels a deployment from the live RayService.
@@ -175,11 +182,13 @@ def short_bench(
         **tools_bench.describe_serve_config({"applications": deployed}),
     }
     (out / "metadata.json").write_text(json.dumps(metadata, indent=2))
+    mode = metadata["serving_mode"]
     rows = []
     for input_len, concurrency in BENCH_POINTS:
         point = tools_bench.Point(input_len, concurrency)
         name = f"run-{input_len}-{concurrency}.json"
-        before, tokens_before = snapshot(), all_prompt_tokens()
+        # A baseline once Ray's export has held still, as `make bench` takes it (tools.bench.sweep).
+        (before, engine_before), tokens_before = settled(snapshot), all_prompt_tokens()
         command = tools_bench.bench_command(
             base_url=SERVE, model=model_id, point=point, output_len=BENCH_OUTPUT_LEN, num_prompts=BENCH_PROMPTS,
             result_dir=out, result_file=name, tokenizer=str(model_dir),
@@ -190,11 +199,11 @@ def short_bench(
         # Ray exports counters every 10 s: wait for this point's requests before the next point.
         if aggregated:
             poll(all_prompt_tokens, grew(tokens_before))
-            after = snapshot()
+            after, engine_after = snapshot()
         else:
-            after = poll_until_grown(snapshot, before)
-        rows.append(tools_bench.row(point, json.loads((out / name).read_text()), before, after))
+            after, engine_after = grown((before, engine_before))
+        result = json.loads((out / name).read_text())
+        rows.append(tools_bench.row(point, result, before, after, engine_before, engine_after, serving_mode=mode))
     tools_bench.write_csv(rows, out / "results.csv")
-    mode = metadata["serving_mode"]
     tools_bench.write_chart(rows, out / "results.png", f"CPU rehearsal: {model_id} (tiny stand-in), {mode}")
     print(f"bench ({mode}): {out / 'results.csv'}, {out / 'results.png'}")
