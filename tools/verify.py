@@ -123,7 +123,7 @@ class LogFindings:
         if self.skipped:
             found.append(f"skipped backend registration: {sorted(self.skipped)}")
         if "UCX" in self.instantiated:
-            found.append("UCX backend instantiated (TCP speed on EFA)")
+            found.append("UCX backend instantiated (UCX picks its transports; without its EFA one it runs over TCP)")
         if self.nixl_missing:
             found.append("NIXL is not available")
         if self.tcp_provider and self.expected_provider not in ("tcp", "sockets"):
