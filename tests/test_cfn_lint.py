@@ -55,7 +55,8 @@ def test_cfn_lint_clean_with_every_optional_part() -> None:
         internal_endpoint_cidrs="10.0.0.0/8",
         prefill_replicas="2",
         endpoint_api_keys_secret_name="prod/llm-keys",
-        endpoint_tls_certificate_arn="arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555",
+        endpoint_tls_certificate_arn="arn:aws:acm:us-east-1:123456789012:certificate/"
+        + "11111111-2222-3333-4444-555555555555",
     )
     assert _lint(template) == []
 

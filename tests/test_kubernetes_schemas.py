@@ -18,7 +18,8 @@ EVERYTHING = {
     "internal_endpoint_cidrs": "10.0.0.0/8",
     "model_source": "s3://acme-models/approved/llama-3.1-8b",
     "endpoint_api_keys_secret_name": "prod/llm-keys",
-    "endpoint_tls_certificate_arn": "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555",
+    "endpoint_tls_certificate_arn": "arn:aws:acm:us-east-1:123456789012:certificate/"
+    + "11111111-2222-3333-4444-555555555555",
 }
 
 
