@@ -277,8 +277,7 @@ class PdInferenceStack(Stack):
             value=(
                 f"curl -s http://localhost:{port}/v1/chat/completions -H 'Content-Type: application/json' "
                 + ('-H "Authorization: Bearer $OPENAI_API_KEY" ' if keyed else "")
-                +
-                f'-d \'{{"model": "{settings.model_id}", "messages": [{{"role": "user", '
+                + f'-d \'{{"model": "{settings.model_id}", "messages": [{{"role": "user", '
                 f'"content": "Hello"}}], "max_tokens": 64}}\''
             ),
             description="One chat completion through the port-forward"
