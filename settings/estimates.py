@@ -8,20 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from settings import sizing
+from settings import catalog, sizing
 from settings.model import Settings
 
 # --- Prices ---------------------------------------------------------------------
 PRICE_REGION = "us-east-1"
 PRICE_DATE = "2026-07-20"
 PRICE_SOURCE = "AWS price list file for us-east-1 (../shared/FACTS.md), on-demand, Linux"
-# USD per hour. g6.8xlarge and m7i.xlarge from the price file; the other m7i
-# sizes scale linearly with size within the family, as EC2 on-demand prices do.
+# USD per hour, from the instance table (settings/catalog.py): g6.8xlarge and m7i.xlarge from the
+# price file; the other m7i sizes scale linearly with size within the family, as EC2 on-demand
+# prices do; the multi-GPU types' prices name their own source (catalog.INSTANCE_PRICE_SOURCES).
 INSTANCE_PRICES_PER_HOUR = {
-    "g6.8xlarge": 2.0144,
-    "m7i.xlarge": 0.2016,
-    "m7i.2xlarge": 0.4032,
-    "m7i.4xlarge": 0.8064,
+    name: spec.price_per_hour for name, spec in catalog.INSTANCE_TYPES.items() if spec.price_per_hour is not None
 }
 # AWS pricing pages for us-east-1 (unchanged for years; not in the dated file):
 NAT_GATEWAY_PER_HOUR = 0.045  # Amazon VPC pricing, per NAT gateway hour (data processing extra)
@@ -68,6 +66,9 @@ def cost_summary(s: Settings) -> str:
     text += "; data transfer and logs extra"
     if unknown:
         text += f"; no price for {', '.join(unknown)}"
+    source = catalog.INSTANCE_PRICE_SOURCES.get(s.gpu_instance_type, "")
+    if s.gpu_instance_type in INSTANCE_PRICES_PER_HOUR and not source.startswith("AWS price list file"):
+        text += f"; {s.gpu_instance_type} at ${INSTANCE_PRICES_PER_HOUR[s.gpu_instance_type]:g}/h from {source}"
     return text + ")"
 
 
@@ -144,19 +145,36 @@ def plan_table(s: Settings) -> str:
     """The KV-transfer plan and the per-length verdict, for `make plan` and synth (numbers from settings.sizing)."""
     gpu = s.gpu_instance
     per_token = sizing.kv_cache_bytes_per_token(s.model)
-    step = sizing.prefill_max_num_batched_tokens(s) or sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    step = sizing.prefill_max_num_batched_tokens(s) or sizing.vllm_default_max_num_batched_tokens(s)
     mfu = sizing.PREFILL_MFU_RANGE
+    prefill_tp, decode_tp = s.prefill_tensor_parallel_size, s.decode_tensor_parallel_size
+    pods = {side: s.replicas_per_node(side) for side in sizing.SIDES}
+    if gpu.efa_interfaces == 1 and set(pods.values()) == {1}:
+        network = f"{gpu.network_gbps:g} Gbps EFA"
+    else:
+        # Summed across the cards each pod holds (the slower pod of the pair decides).
+        network = ", ".join(
+            f"{side} pod {sizing.pod_efa_gbps(s, side):g} Gbps EFA over {gpu.efa_interfaces // pods[side]} card(s)"
+            for side in sizing.SIDES
+        )
+    streams = sizing.transfer_streams(s)
+    nixl = _gb_per_s(sizing.NIXL_IN_VLLM_BYTES_PER_S_RANGE)
+    if streams > 1:
+        nixl += f" per TP worker, {streams} at once"
+    engine = f"one {gpu.gpu_model}" if prefill_tp == 1 else f"{prefill_tp} x {gpu.gpu_model} per prefill replica"
     rows = [
         f"KV cache: {per_token:,} bytes per prompt token ({s.model_id}); {s.gpu_instance_type}: "
-        f"{gpu.network_gbps:g} Gbps EFA (NIXL in vLLM at most {_gb_per_s(sizing.NIXL_IN_VLLM_BYTES_PER_S_RANGE)}), "
-        f"one {gpu.gpu_model} at {gpu.gpu_bf16_tflops:g} BF16 TFLOPS x {mfu[0]:.0%}-{mfu[1]:.0%} MFU"
+        f"{network} (NIXL in vLLM at most {nixl}), "
+        f"{engine} at {gpu.gpu_bf16_tflops:g} BF16 TFLOPS x {mfu[0]:.0%}-{mfu[1]:.0%} MFU"
         + (
-            ""
+            "; GPUDirect RDMA: the KV moves GPU to GPU, no staging"
             if gpu.gpudirect_rdma
             else f"; KV staged through pageable host memory at {_gb_per_s(sizing.PAGEABLE_COPY_BYTES_PER_S_RANGE)} "
             "each way (no GPUDirect RDMA)"
         ),
-        f"Decode's KV cache: {sizing.kv_cache_tokens(s):,} tokens per GPU; prefill step {step} tokens "
+        f"Decode's KV cache: {sizing.kv_cache_tokens(s):,} tokens per "
+        + ("GPU" if decode_tp == 1 else f"decode replica ({decode_tp} GPUs)")
+        + f"; prefill step {step} tokens "
         f"({'set on the prefill engine' if sizing.prefill_max_num_batched_tokens(s) else 'vLLM default'})",
         "Times at the midpoints of the ranges; EFA/prefill also at both ends. agg stall: the prefill chunks that "
         "stall every co-running decode when aggregated; P/D stall: decode's one host-to-GPU copy when split",
@@ -184,7 +202,7 @@ def plan_table(s: Settings) -> str:
     source = s.model_source or s.model_id
     rows.append(
         f"Cold start ({start.weights_bytes / 1e9:.1f} GB of weights from {source}): first download "
-        f">= {start.first_download_seconds:.0f} s at {gpu.network_gbps:g} Gbps; after a pod restart "
+        f">= {start.first_download_seconds:.0f} s at {sizing.download_gbps(s):g} Gbps; after a pod restart "
         f"{start.restart_seconds:.0f} s"
         + (
             f" (re-read from the NVMe cache at {sizing.NVME_READ_BYTES_PER_S / 1e9:g} GB/s)"

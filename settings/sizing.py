@@ -52,6 +52,11 @@ MIN_PARAMETERS_BILLION_THAT_PAY = 70.0
 # vLLM's OpenAI-server usage context sets max_num_batched_tokens to 2048 on GPUs
 # under 70 GiB (vllm/engine/arg_utils.py): a longer prompt prefills in chunks.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+# On GPUs of 70 GiB and more, A100s excepted, the same context sets 8192 tokens and 1024
+# sequences (vllm/engine/arg_utils.py, _get_default_max_num_batched_tokens_and_seqs).
+LARGE_GPU_GIB = 70
+LARGE_GPU_MAX_NUM_BATCHED_TOKENS = 8192
+LARGE_GPU_MAX_NUM_SEQS = 1024
 # The largest step set on the prefill engine: activation memory grows with it.
 PREFILL_STEP_CAP_TOKENS = 8192
 PROMPT_LENGTHS = (1024, 8192, 32768)
@@ -144,14 +149,31 @@ SAMPLER_BYTES_PER_LOGIT = 10
 MAX_GPU_MEMORY_UTILIZATION = 0.95
 
 
+def _large_gpu(gpu: catalog.InstanceSpec) -> bool:
+    # vLLM compares the device's total memory (H100: 79.6 GiB) with 70 GiB; the table holds what CUDA
+    # can allocate, a little less.
+    return gpu.gpu_memory_gib >= LARGE_GPU_GIB - 1 and not gpu.gpu_model.startswith("A100")
+
+
+def vllm_default_max_num_batched_tokens(s: Settings) -> int:
+    """vLLM 0.26's default step under Ray's OpenAI-server usage context, for the GPU."""
+    return LARGE_GPU_MAX_NUM_BATCHED_TOKENS if _large_gpu(s.gpu_instance) else DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def vllm_default_max_num_seqs(s: Settings) -> int:
+    return LARGE_GPU_MAX_NUM_SEQS if _large_gpu(s.gpu_instance) else DEFAULT_MAX_NUM_SEQS
+
+
 def engine_max_num_batched_tokens(s: Settings, side: str) -> int:
     """The step size of one engine: 'prefill' or 'decode' ('decode' also names an aggregated engine)."""
     if side == "prefill":
-        return prefill_max_num_batched_tokens(s) or DEFAULT_MAX_NUM_BATCHED_TOKENS
-    return DEFAULT_MAX_NUM_BATCHED_TOKENS
+        return prefill_max_num_batched_tokens(s) or vllm_default_max_num_batched_tokens(s)
+    return vllm_default_max_num_batched_tokens(s)
 
 
-def activation_peak_bytes(model: catalog.ModelSpec, step_tokens: int, tensor_parallel_size: int = 1) -> int:
+def activation_peak_bytes(
+    model: catalog.ModelSpec, step_tokens: int, tensor_parallel_size: int = 1, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+) -> int:
     """profile_run's torch peak on one GPU: the larger of one step's forward pass and the sampler after it.
 
     Forward: inside the MLP, the gate_up output (2 x intermediate) and the activated half
@@ -163,10 +185,8 @@ def activation_peak_bytes(model: catalog.ModelSpec, step_tokens: int, tensor_par
     """
     mlp = 3 * model.intermediate_size // tensor_parallel_size
     forward = step_tokens * (2 * model.hidden_size + mlp) * model.dtype_bytes
-    sampler = (
-        step_tokens * model.hidden_size * model.dtype_bytes
-        + DEFAULT_MAX_NUM_SEQS * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
-    )
+    logits = max_num_seqs * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    sampler = step_tokens * model.hidden_size * model.dtype_bytes + logits
     return max(forward, sampler)
 
 
@@ -196,14 +216,17 @@ class GpuMemoryPlan:
 
 
 def gpu_memory_plan(
-    s: Settings, side: str = "prefill", utilization: float | None = None, tensor_parallel_size: int = 1
+    s: Settings, side: str = "prefill", utilization: float | None = None, tensor_parallel_size: int | None = None
 ) -> GpuMemoryPlan:
     """One GPU of one engine at the settings' (or the given) gpu_memory_utilization.
 
-    With tensor parallelism each GPU holds its share of the weights and of the KV heads
-    (vLLM replicates a KV head rather than split it, so the share stops at one head).
+    With tensor parallelism (the side's own size unless given) each GPU holds its share of the
+    weights and of the KV heads (vLLM replicates a KV head rather than split it, so the share
+    stops at one head).
     """
     model = s.model
+    if tensor_parallel_size is None:
+        tensor_parallel_size = s.tensor_parallel_size(side)
     step = engine_max_num_batched_tokens(s, side)
     gpu_gib = s.gpu_instance.gpu_memory_gib
     kv_heads_per_gpu = max(1, model.kv_heads // tensor_parallel_size)
@@ -212,7 +235,7 @@ def gpu_memory_plan(
         budget=gpu_gib * (s.gpu_memory_utilization if utilization is None else utilization),
         weights=model.parameters_billion * 1e9 * model.dtype_bytes / tensor_parallel_size / 2**30,
         non_torch=NON_TORCH_GIB,
-        activations=activation_peak_bytes(model, step, tensor_parallel_size) / 2**30,
+        activations=activation_peak_bytes(model, step, tensor_parallel_size, vllm_default_max_num_seqs(s)) / 2**30,
         cuda_graphs=CUDA_GRAPH_GIB,
         one_sequence_kv=kv_cache_bytes_per_token(model) * kv_heads_per_gpu / model.kv_heads * s.max_model_len / 2**30,
     )
@@ -229,9 +252,16 @@ def min_gpu_memory_utilization(s: Settings, tensor_parallel_sizes: Mapping[str, 
     return max(plan.before_kv + plan.one_sequence_kv for plan in plans) / s.gpu_instance.gpu_memory_gib
 
 
+def kv_cache_bytes_per_token_per_gpu(model: catalog.ModelSpec, tensor_parallel_size: int) -> float:
+    """One GPU's share of a token's KV: its KV heads, one at least (vLLM replicates past the model's heads)."""
+    return kv_cache_bytes_per_token(model) * max(1, model.kv_heads // tensor_parallel_size) / model.kv_heads
+
+
 def kv_cache_tokens(s: Settings, side: str = "decode") -> int:
-    """Tokens of KV cache one engine holds: the GPU budget left after everything vLLM sets aside first."""
-    return int(gpu_memory_plan(s, side).kv_cache * 2**30 // kv_cache_bytes_per_token(s.model))
+    """Tokens of KV cache one engine holds: each GPU's budget left after everything vLLM sets aside first,
+    over each GPU's share of a token (the side's tensor-parallel size)."""
+    per_gpu = kv_cache_bytes_per_token_per_gpu(s.model, s.tensor_parallel_size(side))
+    return int(gpu_memory_plan(s, side).kv_cache * 2**30 // per_gpu)
 
 
 def concurrent_sequences(s: Settings, prompt_tokens: int, output_tokens: int = OUTPUT_TOKENS) -> int:
@@ -255,14 +285,17 @@ def prefill_max_num_batched_tokens(s: Settings) -> int | None:
     return min(s.max_model_len, PREFILL_STEP_CAP_TOKENS)
 
 
-def prefill_seconds(s: Settings, tokens: int, mfu: float | None = None) -> float:
-    """2 x parameters x tokens FLOPs at an MFU (the midpoint of PREFILL_MFU_RANGE) of the GPU's dense BF16 peak.
+def prefill_seconds(s: Settings, tokens: int, mfu: float | None = None, side: str = "prefill") -> float:
+    """2 x parameters x tokens FLOPs at an MFU (the midpoint of PREFILL_MFU_RANGE) of the dense BF16 peak
+    of the engine's GPUs: one GPU's times the side's tensor-parallel size.
 
     The attention term (quadratic in length) is left out: it makes long prompts
-    slower, so every share of prefill time below is an upper bound.
+    slower, so every share of prefill time below is an upper bound. TP's all-reduce
+    after every layer is taken to sit inside the MFU range (unmeasured).
     """
     flops = 2 * s.model.parameters_billion * 1e9 * tokens
-    return flops / (s.gpu_instance.gpu_bf16_tflops * 1e12 * (MIDPOINT.prefill_mfu if mfu is None else mfu))
+    peak = s.gpu_instance.gpu_bf16_tflops * 1e12 * s.tensor_parallel_size(side)
+    return flops / (peak * (MIDPOINT.prefill_mfu if mfu is None else mfu))
 
 
 # --- The KV transfer ----------------------------------------------------------------------------------
@@ -330,27 +363,47 @@ class TransferPlan:
         return self.tcp_seconds / self.prefill_seconds
 
 
+def pod_efa_gbps(s: Settings, side: str) -> float:
+    """EFA bandwidth summed across the cards one pod of a side holds: the node's, split evenly across its pods."""
+    return s.gpu_instance.network_gbps / s.replicas_per_node(side)
+
+
+def transfer_streams(s: Settings) -> int:
+    """NIXL agents moving one request's KV at once. Each TP worker has its own agent and moves its own
+    heads; the smaller side's workers each take a whole share, so min of the two sizes run in parallel.
+    An assumption: the 4-5 GB/s inside vLLM is taken as one agent's rate."""
+    return min(s.prefill_tensor_parallel_size, s.decode_tensor_parallel_size)
+
+
 def transfer_plan(s: Settings, prompt_tokens: int, calibration: Calibration = MIDPOINT) -> TransferPlan:
     gpu = s.gpu_instance
     kv_bytes = kv_cache_bytes_per_token(s.model) * prompt_tokens
-    line_bytes_per_s = gpu.network_gbps * 1e9 / 8
-    efa_bytes_per_s = min(line_bytes_per_s, calibration.nixl_in_vllm_bytes_per_s)
+    # The slower of the two pods' EFA (summed across the cards each holds) bounds the wire.
+    line_bytes_per_s = min(pod_efa_gbps(s, side) for side in SIDES) * 1e9 / 8
+    efa_bytes_per_s = min(line_bytes_per_s, calibration.nixl_in_vllm_bytes_per_s * transfer_streams(s))
     tcp_bytes_per_s = min(gpu.network_gbps, SINGLE_FLOW_GBPS_IN_PLACEMENT_GROUP) * 1e9 / 8
-    one_copy = 0.0 if gpu.gpudirect_rdma else kv_bytes / calibration.pageable_copy_bytes_per_s
-    step = prefill_max_num_batched_tokens(s) or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    # Each TP worker stages its own heads, in parallel; nothing is staged where GPUDirect RDMA reads GPU memory.
+    copies = {
+        side: 0.0
+        if gpu.gpudirect_rdma
+        else kv_bytes / s.tensor_parallel_size(side) / calibration.pageable_copy_bytes_per_s
+        for side in SIDES
+    }
+    step = prefill_max_num_batched_tokens(s) or vllm_default_max_num_batched_tokens(s)
+    aggregated_step = vllm_default_max_num_batched_tokens(s)
     return TransferPlan(
         prompt_tokens=prompt_tokens,
         kv_bytes=kv_bytes,
-        staging_seconds=2 * one_copy,
+        staging_seconds=copies["prefill"] + copies["decode"],
         efa_wire_seconds=kv_bytes / efa_bytes_per_s,
         tcp_wire_seconds=kv_bytes / tcp_bytes_per_s,
         prefill_seconds=prefill_seconds(s, prompt_tokens, calibration.prefill_mfu),
         prefill_chunks=math.ceil(prompt_tokens / step),
-        aggregated_chunks=math.ceil(prompt_tokens / DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        aggregated_chunks=math.ceil(prompt_tokens / aggregated_step),
         aggregated_stall_seconds=prefill_seconds(
-            s, min(prompt_tokens, DEFAULT_MAX_NUM_BATCHED_TOKENS), calibration.prefill_mfu
+            s, min(prompt_tokens, aggregated_step), calibration.prefill_mfu, side="decode"
         ),
-        decode_copy_stall_seconds=one_copy,
+        decode_copy_stall_seconds=copies["decode"],
         decode_sequences=concurrent_sequences(s, prompt_tokens),
     )
 
@@ -394,11 +447,15 @@ def disaggregation_verdict(s: Settings, prompt_tokens: int) -> tuple[str, str]:
             "decode would recompute the prompt faster than receive it"
         )
     steps = mid.aggregated_chunks
+    replaced = (
+        f"replaces with one {mid.decode_copy_stall_seconds * 1e3:.0f} ms host-to-GPU copy on decode"
+        if mid.decode_copy_stall_seconds
+        else "removes (GPUDirect RDMA: decode copies nothing)"
+    )
     trade = (
         f"split adds {mid.efa_seconds * 1e3:.0f} ms to TTFT ({share_range} of the prefill); aggregated, its prefill "
         f"stalls every co-running decode for {steps} step{'s' if steps > 1 else ''} of "
-        f"{mid.aggregated_stall_seconds * 1e3:.0f} ms, which split replaces with one "
-        f"{mid.decode_copy_stall_seconds * 1e3:.0f} ms host-to-GPU copy on decode"
+        f"{mid.aggregated_stall_seconds * 1e3:.0f} ms, which split {replaced}"
     )
     if verdict == "no":
         return verdict, (
@@ -429,9 +486,15 @@ class ColdStart:
     restart_seconds: float
 
 
+def download_gbps(s: Settings) -> float:
+    """What the weights download through: the ENA interface on network card 0, one card's share of the
+    node's bandwidth (EFA-only interfaces on the other cards carry no IP traffic)."""
+    return s.gpu_instance.network_gbps / s.gpu_instance.network_cards
+
+
 def cold_start(s: Settings) -> ColdStart:
     weights = s.model.parameters_billion * 1e9 * s.model.dtype_bytes
-    download = weights / (s.gpu_instance.network_gbps * 1e9 / 8)
+    download = weights / (download_gbps(s) * 1e9 / 8)
     nvme = weights / NVME_READ_BYTES_PER_S if s.gpu_instance.instance_store_gb > 0 else None
     from_s3 = (s.model_source or "").startswith("s3://")
     restart = download if from_s3 or nvme is None else nvme

@@ -85,7 +85,7 @@ def test_cost_matches_hand_calculation() -> None:
 
 
 def test_cost_names_what_it_cannot_price() -> None:
-    assert "no price for p5.48xlarge" in cost_summary(Settings(gpu_instance_type="p5.48xlarge"))
+    assert "no price for g5.8xlarge" in cost_summary(Settings(gpu_instance_type="g5.8xlarge"))
 
 
 def test_cost_is_a_stack_output(template: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ import yaml
 
 from cdk_constructs.gpu_nodes import network_interface_layout
 from serve_config import DECODE, EFA_RESOURCE, GPU_RESOURCE, KV_LAYOUT_ENV, PREFILL, SIDES, worker_resources
-from settings import Settings, SettingsError, settings_from_cli
+from settings import Settings, SettingsError, settings_from_cli, sizing
 from settings.catalog import INSTANCE_TYPES, MODELS
 from settings.model import TENSOR_PARALLEL_SIZES, validate
 from tests import placement
@@ -529,12 +529,12 @@ def _p5(cards: int, interfaces: int) -> dict[str, Any]:
 @pytest.mark.parametrize(("cards", "interfaces", "expected"), [(32, 32, "PASS"), (16, 16, "FAIL"), (32, 1, "FAIL")])
 def test_preflight_checks_the_card_count_against_ec2(cards: int, interfaces: int, expected: str) -> None:
     types = {**TYPES, "p5.48xlarge": _p5(cards, interfaces)}
-    answers = account(
-        **{
-            "ec2:DescribeInstanceTypes": lambda p, _: {"InstanceTypes": [types[t] for t in p["InstanceTypes"]]},
-            "secretsmanager:DescribeSecret": secret(),
-        }
-    )
+
+    def described(params: dict[str, Any], _: str) -> dict[str, Any]:
+        return {"InstanceTypes": [types[t] for t in params["InstanceTypes"]]}
+
+    changes: dict[str, Any] = {"ec2:DescribeInstanceTypes": described, "secretsmanager:DescribeSecret": secret()}
+    answers = account(**changes)
     args = [f"cluster_admin_arns={ROLE}", *(f"{k}={v}" for k, v in CONFIGS["p5.48xlarge-70b"].items())]
     line = check(preflight(answers, *args), "EFA")
     assert line.status == expected, line
@@ -618,3 +618,63 @@ def test_every_nixl_side_channel_of_every_tp_rank_is_reachable(name: str) -> Non
         ports = range(base, base + settings.side_replicas(side) * settings.tensor_parallel_size(side))
         pairs += [(a, b, port) for a in ray for b in ray for port in ports]
     assert refused(policies, pairs) == []
+
+
+# --- plan and cost per tensor-parallel group ----------------------------------------------------------------
+PLAN_ARGS = {name: [f"{k}={v}" for k, v in config.items()] for name, config in CONFIGS.items()}
+# At 8k prompts: an 8B model on one L4 with host staging trades TTFT for ITL; a 70B model on four L40S
+# or on p5 with GPUDirect RDMA is where the public gains are (HyperPod, Dynamo on p5).
+VERDICTS_AT_8K = {"g6.8xlarge-defaults": "maybe", "g6e.12xlarge-tp4": "likely", "p5.48xlarge-70b": "likely"}
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_plan_prints_each_configurations_verdict(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.plan import main
+
+    args = [arg for pair in PLAN_ARGS[name] for arg in ("-c", pair)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.lstrip().startswith("8192 ")]
+    assert row.split()[-1] == VERDICTS_AT_8K[name], row
+    assert sizing.disaggregation_verdict(_settings(name), 8192)[0] == VERDICTS_AT_8K[name]
+    assert "Estimated cost: ~$" in out
+
+
+def test_prefill_runs_at_the_gpus_throughput_times_the_tp_size() -> None:
+    p5 = _settings("p5.48xlarge-70b")
+    one_gpu = validate(
+        Settings(**{**CONFIGS["p5.48xlarge-70b"], "prefill_tensor_parallel_size": 4, "prefill_replicas": 2})
+    )
+    assert sizing.prefill_seconds(p5, 8192) == pytest.approx(sizing.prefill_seconds(one_gpu, 8192) / 2)
+    flops = 2 * p5.model.parameters_billion * 1e9 * 8192
+    assert sizing.prefill_seconds(p5, 8192, 0.4) == pytest.approx(flops / (8 * 989e12 * 0.4))
+
+
+def test_no_staging_where_gpudirect_applies_and_per_tp_worker_where_it_does_not() -> None:
+    p5, g6e, g6 = (sizing.transfer_plan(_settings(n), 8192) for n in IDS[::-1])
+    assert p5.staging_seconds == 0 and p5.decode_copy_stall_seconds == 0
+    # Each of the four L40S stages a quarter of the KV, in parallel: both copies at 7.5 GB/s.
+    assert g6e.staging_seconds == pytest.approx(2 * g6e.kv_bytes / 4 / 7.5e9)
+    assert g6.staging_seconds == pytest.approx(2 * g6.kv_bytes / 7.5e9)
+
+
+def test_efa_bandwidth_is_summed_across_the_cards_a_pod_holds() -> None:
+    p5 = _settings("p5.48xlarge-70b")
+    assert (sizing.pod_efa_gbps(p5, PREFILL), sizing.pod_efa_gbps(p5, DECODE)) == (3200, 1600)
+    # The wire is bounded by NIXL inside vLLM (4-5 GB/s per TP worker, 4 workers at once), not by 1600 Gbps.
+    plan = sizing.transfer_plan(p5, 8192)
+    assert plan.efa_wire_seconds == pytest.approx(plan.kv_bytes / (4 * 4.5e9))
+    # One L4 node: 25 Gbps (3.1 GB/s) is below NIXL's cap and bounds the wire.
+    g6 = sizing.transfer_plan(_settings("g6.8xlarge-defaults"), 8192)
+    assert g6.efa_wire_seconds == pytest.approx(g6.kv_bytes / (25e9 / 8))
+
+
+def test_the_hourly_price_has_its_source() -> None:
+    from settings.estimates import cost_summary, hourly_cost
+
+    p5 = _settings("p5.48xlarge-70b")
+    (gpu_line,) = [line for line in hourly_cost(p5) if "GPU nodes" in line.item]
+    assert (gpu_line.count, gpu_line.unit_per_hour) == (2, 55.04)
+    assert "p5.48xlarge at $55.04/h from datareceipts" in cost_summary(p5)
+    assert "unconfirmed" in cost_summary(_settings("g6e.12xlarge-tp4"))
+    assert "from" not in cost_summary(_settings("g6.8xlarge-defaults")).split("extra")[1]
