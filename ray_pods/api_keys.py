@@ -5,7 +5,10 @@ Named in serveConfigV2 as ``ingress_cls_config.ingress_cls`` (Ray 2.58
 ``make_fastapi_ingress``, which routes the nine methods named in
 ``DEFAULT_ENDPOINTS`` to ``getattr(cls, name)``. Each is overridden here to check
 the ``Authorization: Bearer <key>`` header first and then call Ray's own method,
-so the check runs before a stream starts and no route is left open. Serve's proxy
+so the check runs before a stream starts and no route is left open. The JSON
+routes take only the Request and parse their body after the key (FastAPI would
+validate it first), answering a non-JSON body, a bad one and an unknown model in
+OpenAI's error shape where Ray answers 500 or FastAPI's bare ``{"detail": ...}``. Serve's proxy
 answers its health paths (``/-/healthz``, ``/-/routes``) itself, before the
 ingress: Kubernetes and KubeRay keep reaching them without a key. FastAPI's
 ``/docs`` and ``/openapi.json`` stay open; they describe the API, not the model.
@@ -19,6 +22,7 @@ the key id, or for a refused key the first 8 hex digits of its SHA-256.
 
 # No `from __future__ import annotations`: FastAPI reads these signatures at run time.
 import collections
+import functools
 import hashlib
 import hmac
 import json
@@ -30,7 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import Form, Request
+from fastapi import Form, HTTPException, Request
+from pydantic import TypeAdapter, ValidationError
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -221,31 +226,81 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
         logger.info("admitted %s: key id %s", where, key_id)
         return None
 
-    # The nine routes of Ray 2.58's DEFAULT_ENDPOINTS, each with the parameters
-    # FastAPI reads from Ray's own signature, plus the Request where Ray has none.
+    async def _admitted_body(self, request: Request, model: Any) -> tuple[Any, Response | None]:
+        """(body, None) for an admitted, well-formed request; (None, the refusal) otherwise.
+
+        The key is checked before the body is read. The body is parsed here rather than
+        by FastAPI: Ray 2.58's handler for FastAPI's validation errors puts the raw body
+        into its JSON answer, so a body that is not JSON (a wrong content type) became a
+        500 (the CPU rehearsal's bad-requests phase found it).
+        """
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return None, refusal
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            return None, _error(
+                415,
+                "Send the body as JSON, with 'Content-Type: application/json'.",
+                "invalid_request_error",
+                "unsupported_media_type",
+            )
+        try:
+            body = _adapter(model).validate_json(await request.body())
+        except ValidationError as err:
+            errors = err.errors()
+            where = ".".join(str(part) for part in errors[0]["loc"]) if errors else "body"
+            message = f"Invalid request: {errors[0]['msg'] if errors else 'not a valid request'} at {where or 'body'}"
+            return None, _error(400, message, "invalid_request_error", "invalid_parameter")
+        return body, await self._unknown_model(getattr(body, "model", None))
+
+    async def _unknown_model(self, model: str | None) -> Response | None:
+        """OpenAI's answer for a model this endpoint does not serve (Ray's is FastAPI's bare {"detail": ...})."""
+        try:
+            await self._get_model_id(model)
+        except HTTPException as err:
+            return _error(err.status_code, str(err.detail), "invalid_request_error", "model_not_found")
+        return None
+
+    # The nine routes of Ray 2.58's DEFAULT_ENDPOINTS. The JSON routes take only the
+    # Request and parse their body after the key check; the model listings add the
+    # Request to Ray's parameters; transcriptions keep FastAPI's form parsing.
     async def models(self, request: Request) -> ModelList | Response:
         return self._refusal(request) or await super().models()
 
     async def model_data(self, model: str, request: Request) -> ModelCard | Response:
         return self._refusal(request) or await super().model_data(model)
 
-    async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        return self._refusal(request) or await super().completions(body, request)
+    async def completions(self, request: Request) -> Response:
+        body, refusal = await self._admitted_body(request, CompletionRequest)
+        return refusal or await super().completions(body, request)
 
-    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
-        return self._refusal(request) or await super().chat(body, request)
+    async def chat(self, request: Request) -> Response:
+        body, refusal = await self._admitted_body(request, ChatCompletionRequest)
+        return refusal or await super().chat(body, request)
 
-    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
-        return self._refusal(request) or await super().embeddings(body, request)
+    async def embeddings(self, request: Request) -> Response:
+        body, refusal = await self._admitted_body(request, EmbeddingRequest)
+        return refusal or await super().embeddings(body, request)
 
     async def transcriptions(self, body: Annotated[TranscriptionRequest, Form()], request: Request) -> Response:
-        return self._refusal(request) or await super().transcriptions(body, request)
+        refusal = self._refusal(request) or await self._unknown_model(body.model)
+        return refusal or await super().transcriptions(body, request)
 
-    async def score(self, body: ScoreRequest, request: Request) -> Response:
-        return self._refusal(request) or await super().score(body, request)
+    async def score(self, request: Request) -> Response:
+        body, refusal = await self._admitted_body(request, ScoreRequest)
+        return refusal or await super().score(body, request)
 
-    async def tokenize(self, body: TokenizeCompletionRequest, request: Request) -> Response:
-        return self._refusal(request) or await super().tokenize(body, request)
+    async def tokenize(self, request: Request) -> Response:
+        body, refusal = await self._admitted_body(request, TokenizeCompletionRequest)
+        return refusal or await super().tokenize(body, request)
 
-    async def detokenize(self, body: DetokenizeRequest, request: Request) -> Response:
-        return self._refusal(request) or await super().detokenize(body, request)
+    async def detokenize(self, request: Request) -> Response:
+        body, refusal = await self._admitted_body(request, DetokenizeRequest)
+        return refusal or await super().detokenize(body, request)
+
+
+@functools.cache
+def _adapter(model: Any) -> TypeAdapter[Any]:
+    """One validator per request type (EmbeddingRequest is a Union, so a TypeAdapter, not model_validate)."""
+    return TypeAdapter(model)

@@ -428,11 +428,45 @@ def test_every_route_of_rays_ingress_refuses_a_caller_without_a_key(ingress: Sim
     assert ingress.handle.calls == 7  # every route but the two model listings reached the model
 
 
-def test_a_malformed_body_is_refused_by_fastapi_before_the_key_is_read(ingress: SimpleNamespace) -> None:
-    """FastAPI validates the body before the route method runs: 400 with the caller's own input, no model reached."""
-    response = ingress.client.post("/v1/chat/completions", json={"model": MODEL})
+def test_the_key_is_checked_before_the_body_is_read(ingress: SimpleNamespace) -> None:
+    """A JSON route parses its own body, after the key: a bad body without a key is a 401, not a 400."""
+    for body in ({"model": MODEL}, "{not json"):
+        kwargs: dict[str, Any] = {"json": body} if isinstance(body, dict) else {"content": body}
+        response = ingress.client.post("/v1/chat/completions", headers={"Content-Type": "application/json"}, **kwargs)
+        assert response.status_code == 401, response.text
+    assert ingress.handle.calls == 0
+
+
+def test_a_bad_body_with_the_key_is_an_openai_400_naming_the_field(ingress: SimpleNamespace) -> None:
+    response = ingress.client.post("/v1/chat/completions", json={"model": MODEL}, headers=_auth(GOOD))
     assert response.status_code == 400
-    assert response.json()["error"]["code"] == "invalid_parameter"
+    error = response.json()["error"]
+    assert error["code"] == "invalid_parameter" and "messages" in error["message"]
+    malformed = ingress.client.post(
+        "/v1/chat/completions", content=b'{"model": "', headers={**_auth(GOOD), "Content-Type": "application/json"}
+    )
+    assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "invalid_parameter"
+    assert ingress.handle.calls == 0
+
+
+def test_a_body_that_is_not_json_is_a_415_not_rays_500(ingress: SimpleNamespace) -> None:
+    """Ray 2.58 answers a text/plain body with 500: its validation handler cannot serialize the raw bytes."""
+    body = json.dumps(CHAT)
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        headers = {**_auth(GOOD), "Content-Type": content_type}
+        response = ingress.client.post("/v1/chat/completions", content=body, headers=headers)
+        assert response.status_code == 415, (content_type, response.text)
+        assert response.json()["error"]["code"] == "unsupported_media_type"
+    charset = {**_auth(GOOD), "Content-Type": "application/json; charset=utf-8"}
+    assert ingress.client.post("/v1/chat/completions", content=body, headers=charset).status_code == 418
+    assert ingress.handle.calls == 1
+
+
+def test_an_unknown_model_is_openais_model_not_found(ingress: SimpleNamespace) -> None:
+    response = ingress.client.post("/v1/chat/completions", json={**CHAT, "model": "no/such"}, headers=_auth(GOOD))
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["code"] == "model_not_found" and "no/such" in error["message"]
     assert ingress.handle.calls == 0
 
 

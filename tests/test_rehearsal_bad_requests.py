@@ -1,0 +1,40 @@
+"""The rehearsal's bad requests (issue 23 item 6): the set the issue names, and what counts as OpenAI's error shape."""
+
+from __future__ import annotations
+
+import json
+
+from rehearsal.bad_requests import TEN_MB, cases, openai_error
+from rehearsal.cases import CASE_PHASES
+from rehearsal.checks import bench, verify_checks
+
+
+def test_every_bad_request_the_issue_names_is_sent() -> None:
+    sent = {name: (body, kind) for name, body, kind in cases("Qwen/Qwen3-8B")}
+    assert set(sent) == {
+        "a prompt longer than max_model_len",
+        "max_tokens 0",
+        "max_tokens negative",
+        "max_tokens beyond the context",
+        "malformed JSON",
+        "an unknown model",
+        "a wrong content type",
+        "a 10 MB body",
+        "an empty messages list",
+    }
+    assert len(sent["a 10 MB body"][0]) > TEN_MB
+    assert sent["a wrong content type"][1] == "text/plain"
+    assert json.loads(sent["an empty messages list"][0])["messages"] == []
+
+
+def test_openais_error_shape_is_required_not_just_a_status() -> None:
+    assert openai_error('{"error": {"message": "bad", "type": "invalid_request_error", "code": 400}}')
+    for other in ('{"detail": "Not Found"}', "Internal Server Error", '{"error": "bad"}', '{"error": {"message": ""}}'):
+        assert not openai_error(other), other
+
+
+def test_the_pd_case_sends_them_after_verify_and_before_the_bench() -> None:
+    from rehearsal.bad_requests import bad_requests_check
+
+    phases = CASE_PHASES["pd"]
+    assert phases.index(verify_checks) < phases.index(bad_requests_check) < phases.index(bench)
