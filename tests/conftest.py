@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,3 +152,21 @@ def local_ray() -> Iterator[None]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
+
+
+def synth_leaks(secret: str, tmp_path: Path, overrides: dict[str, Any], env: dict[str, str]) -> list[str]:
+    """Synth as the CLI runs app.py, with `env` in its environment; where `secret` shows (cdk.out files, output)."""
+    full_env = {
+        **os.environ,
+        **env,
+        "CDK_CONTEXT_JSON": json.dumps({**PROJECT_CONTEXT, **overrides}),
+        "CDK_OUTDIR": str(tmp_path),
+    }
+    result = subprocess.run(
+        [sys.executable, "app.py"], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name.endswith(".template.json") for p in files)
+    leaks = [str(p) for p in files if secret.encode() in p.read_bytes()]
+    return leaks + (["the app's output"] if secret in result.stdout + result.stderr else [])

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 import app as cdk_app
+from rehearsal.keys import write_like_the_kubelet
 from serve_config import endpoint_keys
 from settings import SettingsError, settings_from
 from tests.conftest import (
@@ -33,6 +34,7 @@ from tests.conftest import (
     rayservice_from,
     require_serve_deps,
     synth,
+    synth_leaks,
 )
 from tests.template_graph import depends_on
 from tools.review import render
@@ -206,20 +208,7 @@ def test_the_curl_example_sends_the_key() -> None:
 def test_no_key_reaches_the_template_or_cdk_out(tmp_path: Path) -> None:
     """Synth as the CLI runs it, with a key in the environment a user might have: no file in cdk.out holds it."""
     key = "sk-" + "Xq9" * 16  # made up here
-    env = {
-        **os.environ,
-        "OPENAI_API_KEY": key,
-        "CDK_CONTEXT_JSON": json.dumps({**PROJECT_CONTEXT, **KEYS, **NLB}),
-        "CDK_OUTDIR": str(tmp_path),
-    }
-    result = subprocess.run(
-        [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert any(p.name.endswith(".template.json") for p in files)
-    assert [str(p) for p in files if key.encode() in p.read_bytes()] == []
-    assert key not in result.stdout + result.stderr
+    assert synth_leaks(key, tmp_path, {**KEYS, **NLB}, {"OPENAI_API_KEY": key}) == []
 
 
 # --- Ray accepts it, and the pods can import it -------------------------------------------------
@@ -293,20 +282,6 @@ MODEL = "Qwen/Qwen3-8B"
 GOOD, OTHER = "good-key-" + "a" * 24, "other-key-" + "b" * 24
 
 
-def write_keys_like_the_kubelet(folder: Path, keys: dict[str, str], generation: int) -> Path:
-    """A Secret volume as the kubelet lays it out: keys.json -> ..data/keys.json, ..data swapped atomically."""
-    target = folder / f"..gen{generation}"
-    target.mkdir()
-    (target / "keys.json").write_text(json.dumps(keys))
-    link = folder / "..data_tmp"
-    link.symlink_to(target.name)
-    os.replace(link, folder / "..data")
-    visible = folder / "keys.json"
-    if not visible.is_symlink():
-        visible.symlink_to("..data/keys.json")
-    return visible
-
-
 class FakeModelHandle:
     """Stands in for the decode deployment's handle: answers every call with one error the test can see."""
 
@@ -344,7 +319,7 @@ def ingress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleN
 
     keys_dir = tmp_path / "api-keys"
     keys_dir.mkdir()
-    keys_file = write_keys_like_the_kubelet(keys_dir, {"team-a": GOOD}, 1)
+    keys_file = write_like_the_kubelet(keys_dir, {"team-a": GOOD}, 1)
     app = init()
     make_fastapi_ingress(ApiKeyIngress, app=app)
     handle = FakeModelHandle()
@@ -472,7 +447,7 @@ def test_an_unknown_model_is_openais_model_not_found(ingress: SimpleNamespace) -
 
 def test_a_rotated_file_refuses_the_old_key_and_admits_the_new_without_a_restart(ingress: SimpleNamespace) -> None:
     assert ingress.client.get("/v1/models", headers=_auth(GOOD)).status_code == 200
-    write_keys_like_the_kubelet(ingress.keys_dir, {"team-b": OTHER}, 2)
+    write_like_the_kubelet(ingress.keys_dir, {"team-b": OTHER}, 2)
     assert ingress.client.get("/v1/models", headers=_auth(GOOD)).status_code == 401
     assert ingress.client.get("/v1/models", headers=_auth(OTHER)).status_code == 200
 
