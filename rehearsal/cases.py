@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from rehearsal import bad_requests, checks, faults, keys, metric_names
+from rehearsal import bad_requests, checks, disconnects, faults, keys, metric_names
 from rehearsal.context import Phase, Setup
 from rehearsal.deploy import apply_failure_deltas
 from rehearsal.faults import Fault
@@ -88,6 +88,7 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
         metric_names.names_check,
         bad_requests.bad_requests_check,
         checks.bench,
+        disconnects.disconnects_check,
         keys.key_log_scan,
     ),
     "aggregated": (keys.key_checks, checks.verify_checks, checks.bench, keys.key_log_scan),

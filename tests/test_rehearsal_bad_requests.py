@@ -38,3 +38,20 @@ def test_the_pd_case_sends_them_after_verify_and_before_the_bench() -> None:
 
     phases = CASE_PHASES["pd"]
     assert phases.index(verify_checks) < phases.index(bad_requests_check) < phases.index(bench)
+
+
+def test_the_disconnect_phase_reads_each_gauge_summed_over_engines() -> None:
+    from rehearsal.disconnects import busy
+
+    text = (
+        "# HELP ray_vllm_kv_cache_usage_perc KV-cache usage.\n"
+        'ray_vllm_kv_cache_usage_perc{ReplicaId="a",model_name="Qwen/Qwen3-8B"} 0.25\n'
+        'ray_vllm_kv_cache_usage_perc{ReplicaId="b",model_name="Qwen/Qwen3-8B"} 0.5\n'
+        'ray_vllm_num_requests_running{ReplicaId="a"} 3.0\n'
+        'ray_vllm_num_requests_waiting_by_reason{reason="capacity"} 7.0\n'
+    )
+    assert busy(text) == {
+        "ray_vllm_kv_cache_usage_perc": 0.75,
+        "ray_vllm_num_requests_running": 3.0,
+        "ray_vllm_num_requests_waiting": 0.0,
+    }
