@@ -15,6 +15,7 @@ from settings.sizing import (
     gpu_memory_plan,
     gpu_root_volume_floor,
     gpu_root_volume_gib,
+    max_ongoing_requests,
     min_gpu_memory_utilization,
 )
 
@@ -92,6 +93,25 @@ class Settings:
     gpu_memory_utilization: float = 0.90
     prefill_replicas: int = 1
     decode_replicas: int = 1
+    # Scaling (README "Scaling"): each side's replicas above are its minimum, and its fixed size
+    # while its maximum is None. A maximum above the minimum lets Serve add replicas while the
+    # side's ongoing requests per replica stay above its target, and Ray's autoscaler add the
+    # worker pods they need; a target is then required (Ray LLM's own, 1e9, never scales).
+    prefill_max_replicas: int | None = None
+    decode_max_replicas: int | None = None
+    prefill_target_ongoing_requests: float | None = None
+    decode_target_ongoing_requests: float | None = None
+    # Backpressure: a typical request's prompt plus output tokens. Each engine replica takes
+    # as many requests at once as its KV cache holds at this length, at most vLLM's max_num_seqs
+    # (settings/sizing.py max_ongoing_requests); each caller queues as many again, and past that
+    # the client gets 503 with Retry-After (backpressure_retry_after_seconds).
+    typical_request_tokens: int = 2048
+    backpressure_retry_after_seconds: int = 10
+    # Serve's proxy ends a request, a stream included, after this long (408 if nothing was sent).
+    request_timeout_seconds: int = 600
+    # Ray's autoscaler removes a worker pod idle this long (KubeRay idleTimeoutSeconds; used
+    # only when some side has a range).
+    ray_worker_idle_timeout_seconds: int = 60
     # GPUs per engine replica on each side (vLLM tensor_parallel_size); the sides may
     # differ where vLLM 0.26's NixlConnector allows it (_validate_tensor_parallel). Each
     # replica is one Ray worker pod holding its GPUs and their share of the EFA devices.
@@ -154,6 +174,29 @@ class Settings:
 
     def side_replicas(self, side: str) -> int:
         return self.prefill_replicas if side == "prefill" else self.decode_replicas
+
+    def side_max_replicas(self, side: str) -> int:
+        """A side's maximum: its minimum when it has no range."""
+        high = self.prefill_max_replicas if side == "prefill" else self.decode_max_replicas
+        return self.side_replicas(side) if high is None else high
+
+    def side_target_ongoing_requests(self, side: str) -> float | None:
+        return self.prefill_target_ongoing_requests if side == "prefill" else self.decode_target_ongoing_requests
+
+    def autoscales(self, side: str) -> bool:
+        return self.side_max_replicas(side) > self.side_replicas(side)
+
+    @property
+    def any_autoscaling(self) -> bool:
+        return self.autoscales("prefill") or self.autoscales("decode")
+
+    def side_max_nodes(self, side: str) -> int:
+        return math.ceil(self.side_max_replicas(side) / self.replicas_per_node(side))
+
+    @property
+    def gpu_nodes_max(self) -> int:
+        """GPU nodes at every side's maximum (gpu_nodes while nothing autoscales)."""
+        return self.side_max_nodes("prefill") + self.side_max_nodes("decode")
 
     def replicas_per_node(self, side: str) -> int:
         """Engine replicas (Ray worker pods) of a side on one of its nodes."""
@@ -394,6 +437,7 @@ def validate(s: Settings) -> Settings:
     _require(1 <= s.decode_replicas <= 16, "decode_replicas", s.decode_replicas, "1 to 16")
     _require(s.serving_mode in SERVING_MODES, "serving_mode", s.serving_mode, f"one of {list(SERVING_MODES)}")
     assert gpu is not None
+    _validate_scaling_bounds(s)
     _validate_tensor_parallel(s)
     _validate_capacity_block(s)
     # vLLM starts only if, after the weights and what the largest step sets aside (prefill's,
@@ -479,7 +523,74 @@ def validate(s: Settings) -> Settings:
         )
     _validate_endpoint_keys(s)
     _validate_observability(s)
+    _validate_backpressure(s)
     return s
+
+
+def _validate_scaling_bounds(s: Settings) -> None:
+    """Each side's minimum, maximum and target: a fixed size, or a range with a target."""
+    for side in ("prefill", "decode"):
+        low, high = s.side_replicas(side), s.prefill_max_replicas if side == "prefill" else s.decode_max_replicas
+        key = f"{side}_max_replicas"
+        if high is not None:
+            _require(1 <= high <= 16, key, high, f"1 to 16, at least {side}_replicas (None: fixed at {side}_replicas)")
+            _require(high >= low, key, high, f"at least {side}_replicas = {low} (the side's minimum)")
+        target = s.side_target_ongoing_requests(side)
+        target_key = f"{side}_target_ongoing_requests"
+        _require(
+            target is None or s.autoscales(side),
+            target_key,
+            target,
+            f"unset while {side}_max_replicas is unset or equal to {side}_replicas: a fixed size scales toward nothing",
+        )
+        _require(
+            target is not None or not s.autoscales(side),
+            target_key,
+            target,
+            f"set when {side}_max_replicas > {side}_replicas: the ongoing requests per replica Serve scales toward "
+            '(Ray LLM\'s default, 1e9, never scales; README "Scaling")',
+        )
+
+
+def _validate_backpressure(s: Settings) -> None:
+    """The admission bounds (settings/sizing.py), the targets within them, the timeout and the idle timeout."""
+    _require(
+        64 <= s.typical_request_tokens <= s.max_model_len,
+        "typical_request_tokens",
+        s.typical_request_tokens,
+        f"64 to max_model_len = {s.max_model_len} (a typical request's prompt plus output tokens)",
+    )
+    for side in ("prefill", "decode"):
+        target = s.side_target_ongoing_requests(side)
+        if target is None:
+            continue
+        bound = max_ongoing_requests(s, side)
+        _require(
+            0 < target <= bound,
+            f"{side}_target_ongoing_requests",
+            target,
+            f"above 0 and at most {bound}, the requests one {side} replica takes at once (max_ongoing_requests: "
+            f"its KV cache at typical_request_tokens = {s.typical_request_tokens}); a larger target scales only "
+            "once requests queue",
+        )
+    _require(
+        1 <= s.backpressure_retry_after_seconds <= 3600,
+        "backpressure_retry_after_seconds",
+        s.backpressure_retry_after_seconds,
+        "1 to 3600 seconds (the Retry-After sent with a 503 past the queue bounds)",
+    )
+    _require(
+        30 <= s.request_timeout_seconds <= 86400,
+        "request_timeout_seconds",
+        s.request_timeout_seconds,
+        "30 to 86400 seconds (the longest a request, a whole stream included, may take)",
+    )
+    _require(
+        10 <= s.ray_worker_idle_timeout_seconds <= 86400,
+        "ray_worker_idle_timeout_seconds",
+        s.ray_worker_idle_timeout_seconds,
+        "10 to 86400 seconds (how long an idle Ray worker pod is kept before Ray's autoscaler removes it)",
+    )
 
 
 def _validate_capacity_block(s: Settings) -> None:
@@ -530,6 +641,17 @@ def _validate_tensor_parallel(s: Settings) -> None:
             f"{replicas} replica(s) of {tp} GPU(s) leave {idle} of {s.gpu_instance_type}'s {gpu.gpus} GPUs idle on a "
             f"{side} node; fits: {side}_replicas={replicas + (-replicas) % pods}"
             + (f", or {side}_tensor_parallel_size={other_sizes[0]}" if other_sizes else ""),
+        )
+        # The GPU group grows by whole nodes: at the maximum every node it added must be full too.
+        high = s.side_max_replicas(side)
+        spare = (-high) % pods * tp
+        _require(
+            spare == 0,
+            f"{side}_max_replicas",
+            high,
+            f"{high} replica(s) of {tp} GPU(s) need {s.side_max_nodes(side)} {s.gpu_instance_type} node(s) and leave "
+            f"{spare} of a node's {gpu.gpus} GPUs idle at the maximum; "
+            f"fits: {side}_max_replicas={high + (-high) % pods}",
         )
     p, d = s.prefill_tensor_parallel_size, s.decode_tensor_parallel_size
     if s.serving_mode == "aggregated":
