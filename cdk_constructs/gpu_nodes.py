@@ -21,6 +21,18 @@ GPU_NODE_LABELS: Mapping[str, str] = {"role": "gpu-worker"}
 GPU_PRESENT_LABEL: Mapping[str, str] = {"nvidia.com/gpu.present": "true"}
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "true"
+# Cluster Autoscaler's GPU label on AWS (cloudprovider/aws/aws_cloud_provider.go, GPULabel). A node
+# carrying it with no nvidia.com/gpu allocatable yet (the device plugin not registered) counts as
+# unready rather than as a node the pending pod does not fit, so the autoscaler waits for it instead of
+# adding another (processors/customresources/gpu_processor.go, FilterOutNodesWithUnreadyResources).
+CA_GPU_LABEL = "k8s.amazonaws.com/accelerator"
+# A resource the node template cannot know from the instance type: Cluster Autoscaler takes CPU,
+# memory and nvidia.com/gpu from its instance table, and extended resources only from this tag prefix,
+# on the ASG or, for a managed node group, on the node group itself (read through
+# eks:DescribeNodegroup: cloudprovider/aws/aws_manager.go buildNodeFromTemplate,
+# extractAllocatableResourcesFromTags; aws_wrapper.go getManagedNodegroupInfo).
+CA_RESOURCE_TAG_PREFIX = "k8s.io/cluster-autoscaler/node-template/resources/"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 
 # The instance families aws-cdk-lib 2.275's aws_eks_v2 takes for GPU types when it checks a node
@@ -64,7 +76,11 @@ class EfaGpuNodes(Construct):
         vpc: the VPC of the EFA security group.
         subnet: the one subnet (and so one AZ) every EFA node shares.
         instance_type: an EFA-capable GPU type; default "g6.8xlarge".
-        node_count: fixed size of the group; default 2 (one prefill, one decode).
+        node_count: the group's minimum and first size; default 2 (one prefill, one decode).
+        max_node_count: the group's maximum; default None (fixed at node_count). Above node_count the
+            group is Cluster Autoscaler's to size (cdk_constructs/cluster_autoscaler.py): the template
+            leaves out the desired size, labels the nodes with CA_GPU_LABEL and tags the group with
+            the EFA devices a node brings (autoscaling_tags).
         volume_gib: root volume, gp3, encrypted; default 300, for a type without
             instance store, whose root holds the image and the weights. With
             local_nvme_raid0 the root keeps only what nodeadm leaves there (the AMI,
@@ -94,6 +110,7 @@ class EfaGpuNodes(Construct):
         subnet: ec2.ISubnet,
         instance_type: str = DEFAULT_GPU_INSTANCE_TYPE,
         node_count: int = 2,
+        max_node_count: int | None = None,
         volume_gib: int = 300,
         placement_group: bool = True,
         capacity_reservation_id: str | None = None,
@@ -103,6 +120,14 @@ class EfaGpuNodes(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.labels: Mapping[str, str] = dict(GPU_NODE_LABELS)
+        self.min_size = node_count
+        self.max_size = node_count if max_node_count is None else max_node_count
+        if self.max_size < self.min_size:
+            raise ValueError(f"max_node_count {self.max_size} is below node_count {self.min_size}")
+        self.autoscaled = self.max_size > self.min_size
+        node_labels = {**self.labels, **GPU_PRESENT_LABEL}
+        if self.autoscaled:
+            node_labels[CA_GPU_LABEL] = ca_accelerator_name(instance_type)
 
         # EFA's SRD traffic must be allowed to and from the group itself, in
         # both directions; nothing else is opened. With allow_all_outbound=False
@@ -153,10 +178,11 @@ class EfaGpuNodes(Construct):
             # aws-cdk would pick an AL2 GPU AMI for g6; AL2 has no 1.33+ AMIs.
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             instance_types=[ec2.InstanceType(instance_type)] if cdk_knows_gpu else None,
-            min_size=node_count,
-            desired_size=node_count,
-            max_size=node_count,
-            labels={**self.labels, **GPU_PRESENT_LABEL},
+            min_size=self.min_size,
+            desired_size=self.min_size,
+            max_size=self.max_size,
+            labels=node_labels,
+            tags=autoscaling_tags(instance_type) if self.autoscaled else None,
             taints=[eks.TaintSpec(key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE, effect=eks.TaintEffect.NO_SCHEDULE)],
             subnets=ec2.SubnetSelection(subnets=[subnet]),
             launch_template_spec=eks.LaunchTemplateSpec(
@@ -168,7 +194,28 @@ class EfaGpuNodes(Construct):
             capacity_type=eks.CapacityType.CAPACITY_BLOCK if capacity_block else None,
             node_role=self.role,
         )
+        cfn = self.nodegroup.node.default_child
+        assert isinstance(cfn, eks.CfnNodegroup)
         if not cdk_knows_gpu:
-            cfn = self.nodegroup.node.default_child
-            assert isinstance(cfn, eks.CfnNodegroup)
             cfn.add_property_override("InstanceTypes", [instance_type])
+        if self.autoscaled:
+            # aws-cdk-lib writes DesiredSize always; CloudFormation would then set the group back to it
+            # on every update that touches ScalingConfig, undoing Cluster Autoscaler's count. Without
+            # it, "no action occurs" on update (EKS API reference, NodegroupScalingConfig desiredSize).
+            # Whether a create without it is accepted is unverified (README "Cluster Autoscaler").
+            cfn.add_property_deletion_override("ScalingConfig.DesiredSize")
+
+
+def ca_accelerator_name(instance_type: str) -> str:
+    """CA_GPU_LABEL's value: Cluster Autoscaler's name for the GPU (aws_cloud_provider.go availableGPUTypes
+    spells them nvidia-<model>, e.g. nvidia-l4; the value only names the GPU in its metrics)."""
+    return "nvidia-" + INSTANCE_TYPES[instance_type].gpu_model.lower()
+
+
+def autoscaling_tags(instance_type: str) -> dict[str, str]:
+    """The node group's tags for Cluster Autoscaler's node template when the group is at zero nodes.
+
+    Only the EFA devices: labels and taints it reads from eks:DescribeNodegroup, and CPU, memory and
+    GPUs from its instance table (cloudprovider/aws/aws_manager.go buildNodeFromTemplate).
+    """
+    return {CA_RESOURCE_TAG_PREFIX + EFA_RESOURCE: str(INSTANCE_TYPES[instance_type].efa_interfaces)}

@@ -302,6 +302,13 @@ def rayservice(
     if settings.endpoint_api_keys_secret_name is not None:
         for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in groups)):
             template["metadata"].setdefault("annotations", {})[RAY_PODS_CODE_ANNOTATION] = ray_pods_digest()
+    if settings.any_autoscaling:
+        # Cluster Autoscaler may drain an underused node and so kill a serving replica; with this it
+        # leaves any node with a Ray pod alone (its FAQ, "What types of pods can prevent CA from removing
+        # a node?"). Ray's autoscaler removes idle workers itself, and the empty node goes then.
+        for template in _pod_templates(cluster):
+            annotations = template["metadata"].setdefault("annotations", {})
+            annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "false"
     config_hash = cluster_config_hash(doc)
     doc["metadata"]["labels"] = {CLUSTER_CONFIG_LABEL: config_hash}
     for pod_template in _pod_templates(cluster):

@@ -106,8 +106,38 @@ AWS_LOAD_BALANCER_CONTROLLER = HelmChartPin(
     release="aws-load-balancer-controller",
     namespace="kube-system",
 )
+# Installed only when the GPU group's maximum exceeds its minimum (README "Cluster Autoscaler").
+# Chart 9.59.0 (appVersion 1.35.0) is packaged from kubernetes/autoscaler's tag
+# cluster-autoscaler-chart-9.59.0 (../shared/charts); the image tag is set per Kubernetes minor below.
+CLUSTER_AUTOSCALER = HelmChartPin(
+    chart="cluster-autoscaler",
+    repository="https://kubernetes.github.io/autoscaler",
+    version="9.59.0",
+    release="cluster-autoscaler",
+    namespace="kube-system",
+)
+# Cluster Autoscaler's minor follows Kubernetes' and is tested only against its own minor
+# (kubernetes/autoscaler cluster-autoscaler/README.md, "Releases"): the newest patch of each,
+# from the repository's tags cluster-autoscaler-1.32.7 ... -1.36.1 (../shared/FACTS.md). One row
+# per KUBERNETES_VERSIONS key; a test keeps the two tables' keys equal.
+CLUSTER_AUTOSCALER_IMAGE_TAGS: Mapping[str, str] = MappingProxyType(
+    {
+        "1.32": "v1.32.7",
+        "1.33": "v1.33.6",
+        "1.34": "v1.34.5",
+        "1.35": "v1.35.2",
+        "1.36": "v1.36.1",
+    }
+)
 # Every chart the stack may install: the tests render each with the real helm.
-ALL_CHARTS = (KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, EXTERNAL_SECRETS, AWS_LOAD_BALANCER_CONTROLLER)
+ALL_CHARTS = (
+    KUBERAY_OPERATOR,
+    NVIDIA_DEVICE_PLUGIN,
+    EFA_DEVICE_PLUGIN,
+    EXTERNAL_SECRETS,
+    AWS_LOAD_BALANCER_CONTROLLER,
+    CLUSTER_AUTOSCALER,
+)
 
 
 # --- Container image ---------------------------------------------------------

@@ -93,6 +93,18 @@ OPTIONAL_ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {
         f"AwsSolutions-IAM5[Resource::{resource}]": _LBC_REASON.format(version=AWS_LOAD_BALANCER_CONTROLLER.version)
         for resource in _LBC_RESOURCES
     },
+    # Only when the GPU group has a range (cdk_constructs/cluster_autoscaler.py).
+    "ClusterAutoscaler/PodIdentityRole/DefaultPolicy": {
+        "AwsSolutions-IAM5[Resource::*]": (
+            "Cluster Autoscaler's reads (Describe* of Auto Scaling groups, launch configurations, scaling "
+            "activities, images, instance types, launch template versions) take no resource-level permission"
+        ),
+        "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:"
+        "autoScalingGroup:*:autoScalingGroupName/*]": (
+            "The Auto Scaling group EKS names for the GPU node group is unknown at synth; SetDesiredCapacity and "
+            "TerminateInstanceInAutoScalingGroup are conditioned on its eks:cluster-name and eks:nodegroup-name tags"
+        ),
+    },
 }
 
 

@@ -10,6 +10,7 @@ from constructs import Construct
 import serve_config
 from cdk_constructs.addons import ClusterAddons
 from cdk_constructs.cluster import EksCluster
+from cdk_constructs.cluster_autoscaler import ClusterAutoscaler
 from cdk_constructs.gpu_nodes import EfaGpuNodes, gpu_toleration
 from cdk_constructs.llm_service import LlmService
 from cdk_constructs.log_encryption import LogEncryptionKey
@@ -23,9 +24,10 @@ from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
 from cdk_constructs.system_nodes import SystemNodes
 from serve_config import endpoint_keys
 from settings import Settings
-from settings.catalog import KUBERAY_OPERATOR
+from settings.catalog import CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERAY_OPERATOR
 from settings.estimates import PRICE_SOURCE, cost_summary, observability_summary
 from settings.model import s3_model_location
+from settings.sizing import gpu_node_bounds
 
 
 class PdInferenceStack(Stack):
@@ -67,6 +69,7 @@ class PdInferenceStack(Stack):
             volume_gib=settings.system_volume_gib,
             pods_reach_imds=settings.pod_imds_access,
         )
+        min_gpu_nodes, max_gpu_nodes = gpu_node_bounds(settings)
         gpu_nodes = EfaGpuNodes(
             self,
             "GpuNodes",
@@ -74,7 +77,8 @@ class PdInferenceStack(Stack):
             vpc=network.vpc,
             subnet=network.gpu_subnet,
             instance_type=settings.gpu_instance_type,
-            node_count=settings.gpu_nodes,
+            node_count=min_gpu_nodes,
+            max_node_count=max_gpu_nodes,
             volume_gib=settings.gpu_root_volume_gib,
             placement_group=settings.gpu_placement_group,
             capacity_reservation_id=settings.gpu_capacity_reservation_id,
@@ -146,6 +150,21 @@ class PdInferenceStack(Stack):
             service.rayservice_manifest.node.add_dependency(weights)
         synced = synced_secrets(settings)
         secrets_releases: list[Construct] = []
+        autoscaler_releases: list[Construct] = []
+        if gpu_nodes.autoscaled:
+            autoscaler = ClusterAutoscaler(
+                self,
+                "ClusterAutoscaler",
+                cluster=cluster,
+                nodegroup=gpu_nodes.nodegroup,
+                min_nodes=min_gpu_nodes,
+                max_nodes=max_gpu_nodes,
+                image_tag=CLUSTER_AUTOSCALER_IMAGE_TAGS[settings.kubernetes_version],
+                system_node_labels=system_nodes.labels,
+            )
+            # Its pod schedules on a system node; it is deleted before the groups it sizes.
+            autoscaler.release.node.add_dependency(*nodegroups)
+            autoscaler_releases.append(autoscaler.release)
         if synced:
             # Construct id kept from when it synced only the model token: another id
             # would replace the operator's Helm release, which a fixed release name forbids.
@@ -184,7 +203,7 @@ class PdInferenceStack(Stack):
             endpoint.service.node.add_dependency(service.namespace_manifest)
             # The controller's webhooks are registered by its release: whatever
             # creates Services (the charts, KubeRay for the RayService) comes after.
-            for later in (*addons.releases, service.rayservice_manifest, *secrets_releases):
+            for later in (*addons.releases, service.rayservice_manifest, *secrets_releases, *autoscaler_releases):
                 later.node.add_dependency(endpoint.release)
             CfnOutput(
                 self,

@@ -11,7 +11,8 @@ from typing import Any
 
 from cfnlint.api import ManualArgs, lint
 
-from tests.conftest import PROJECT_CONTEXT, ROOT, synth
+from tests.conftest import PROJECT_CONTEXT, ROOT, only, synth
+from tests.test_cluster_autoscaler import AUTOSCALING
 
 # W3005 (redundant DependsOn): CDK adds explicit DependsOn next to the implicit
 # Ref/GetAtt ones; harmless, and not ours to remove.
@@ -57,6 +58,16 @@ def test_cfn_lint_clean_with_every_optional_part() -> None:
         endpoint_api_keys_secret_name="prod/llm-keys",
         endpoint_tls_certificate_arn="arn:aws:acm:us-east-1:123456789012:certificate/"
         + "11111111-2222-3333-4444-555555555555",
+    )
+    assert _lint(template) == []
+
+
+def test_cfn_lint_clean_with_cluster_autoscaler() -> None:
+    """The GPU group with a range: no DesiredSize, Cluster Autoscaler's role, association and release."""
+    template = synth(**AUTOSCALING)
+    assert (
+        "DesiredSize"
+        not in only(template, "AWS::EKS::Nodegroup", AmiType="AL2023_x86_64_NVIDIA")["Properties"]["ScalingConfig"]
     )
     assert _lint(template) == []
 

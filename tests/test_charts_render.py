@@ -12,10 +12,12 @@ from settings.catalog import ALL_CHARTS, KUBERNETES_VERSIONS
 from tests.conftest import synth
 from tests.helm import rendered_releases
 from tests.kuberay_schema import custom_resource_errors
+from tests.test_cluster_autoscaler import AUTOSCALING
 
 pytestmark = pytest.mark.xdist_group("placement")
 
-EVERYTHING = {"hf_token_secret_name": "prod/hf-token", "internal_endpoint_cidrs": "10.0.0.0/8"}
+# Every optional chart: the operator for secrets, the load balancer controller, Cluster Autoscaler (a GPU range).
+EVERYTHING = {"hf_token_secret_name": "prod/hf-token", "internal_endpoint_cidrs": "10.0.0.0/8", **AUTOSCALING}
 
 
 def _objects(obj: dict[str, Any]) -> list[dict[str, Any]]:

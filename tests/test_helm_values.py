@@ -11,10 +11,12 @@ import yaml
 from settings.catalog import ALL_CHARTS, KUBERAY_OPERATOR, HelmChartPin
 from tests.conftest import resources, synth
 from tests.helm import chart_archive, release_values
+from tests.test_cluster_autoscaler import AUTOSCALING
 from tools.fetch_schemas import chart_member
 
 PINS = {pin.chart: pin for pin in ALL_CHARTS}
-EVERYTHING = {"hf_token_secret_name": "prod/hf-token", "internal_endpoint_cidrs": "10.0.0.0/8"}
+# Every optional chart: the operator for secrets, the load balancer controller, Cluster Autoscaler (a GPU range).
+EVERYTHING = {"hf_token_secret_name": "prod/hf-token", "internal_endpoint_cidrs": "10.0.0.0/8", **AUTOSCALING}
 
 
 def unknown_keys(ours: Any, defaults: Any, path: str = "") -> list[str]:

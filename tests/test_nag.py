@@ -9,9 +9,10 @@ import pytest
 
 from stacks.nag_acknowledgements import ACKNOWLEDGEMENTS, OPTIONAL_ACKNOWLEDGEMENTS, acknowledge_findings
 from tests.conftest import PROJECT_CONTEXT, only, synth
+from tests.test_cluster_autoscaler import AUTOSCALING
 
 REVIEWED_DEFAULT = 14
-REVIEWED_OPTIONAL = 10
+REVIEWED_OPTIONAL = 12
 # Optional acknowledgements whose construct the defaults build (Observability/AgentRole: observability is on).
 OPTIONAL_ON_BY_DEFAULT = 1
 
@@ -29,6 +30,12 @@ def test_every_acknowledgement_has_a_reason_and_count_is_reviewed() -> None:
     # (+1: the ECR Public finding, whose id is computed).
     assert sum(len(rules) for rules in ACKNOWLEDGEMENTS.values()) + 1 == REVIEWED_DEFAULT
     assert sum(len(rules) for rules in OPTIONAL_ACKNOWLEDGEMENTS.values()) == REVIEWED_OPTIONAL
+
+
+def test_nag_passes_with_cluster_autoscaler() -> None:
+    # synth() runs the AwsSolutions plugin: the autoscaler's role passes with its two reviewed findings.
+    template = synth(**AUTOSCALING)
+    assert any(k.startswith("ClusterAutoscalerPodIdentityRole") for k in template["Resources"])
 
 
 def test_unacknowledged_finding_fails_synth() -> None:
