@@ -31,7 +31,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import Form, HTTPException, Request
@@ -48,7 +48,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     TranscriptionRequest,
 )
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 # Serve writes this logger to the replica's own log file.
 logger = logging.getLogger("ray.serve")
@@ -61,6 +61,42 @@ def _error(status: int, message: str, error_type: str, code: str, headers: dict[
     """An error in OpenAI's own shape, which every OpenAI client parses."""
     body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
     return JSONResponse(status_code=status, content=body, headers=headers)
+
+
+# The last event of every stream Ray's ingress ends normally (ingress.py, _openai_json_wrapper).
+STREAM_END = "[DONE]"
+INTERRUPTED = (
+    "The stream was interrupted: the replica generating it stopped (its engine or its node failed). "
+    "The answer above is incomplete; retry the request."
+)
+
+
+async def error_at_a_cut(chunks: AsyncIterable[Any], request_id: str) -> AsyncIterator[Any]:
+    """The stream's events, and an error event if it stops before its end.
+
+    When the decode replica generating a stream dies (its node went away), the handle raises
+    mid-stream (ActorUnavailableError, ActorDiedError); Starlette can no longer change the 200
+    it sent, and closes the body as if it had ended. A client then takes a cut answer for a
+    whole one (measured in the rehearsal's node-loss phase). An error event in OpenAI's shape,
+    as OpenAI's own API sends mid-stream, lets every client see the failure."""
+    ended = False
+    try:
+        async for chunk in chunks:
+            text = chunk.decode(errors="replace") if isinstance(chunk, bytes) else str(chunk)
+            ended = ended or STREAM_END in text
+            yield chunk
+    except Exception as err:  # whatever ended the stream, the client must hear of it
+        logger.warning("stream %s cut: %s: %s", request_id, type(err).__name__, str(err)[:200])
+    if not ended:
+        error = {"message": INTERRUPTED, "type": "server_error", "param": None, "code": "stream_interrupted"}
+        yield f"data: {json.dumps({'error': error})}\n\n"
+
+
+def _guard_stream(response: Response, request: Request) -> Response:
+    if isinstance(response, StreamingResponse):
+        request_id = request.headers.get("x-request-id", "") or str(id(response))
+        response.body_iterator = error_at_a_cut(response.body_iterator, request_id)
+    return response
 
 
 def fingerprint(presented: str) -> str:
@@ -273,11 +309,11 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
 
     async def completions(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, CompletionRequest)
-        return refusal or await super().completions(body, request)
+        return refusal or _guard_stream(await super().completions(body, request), request)
 
     async def chat(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, ChatCompletionRequest)
-        return refusal or await super().chat(body, request)
+        return refusal or _guard_stream(await super().chat(body, request), request)
 
     async def embeddings(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, EmbeddingRequest)

@@ -54,17 +54,19 @@ def write_like_the_kubelet(folder: Path, keys: dict[str, str], generation: int) 
 
 
 def prepare(setup: Setup, manifests: list[dict[str, Any]]) -> EndpointKeys | None:
-    """The two CPU deltas of the key check, when the synthesized serve config names the key ingress."""
+    """The two CPU deltas of the key check: the code wherever the template ships it (the NIXL callback in
+    P/D mode needs it too), the keys when the synthesized serve config names the key ingress."""
+    code = [m for m in manifests if m.get("kind") == "ConfigMap" and m["metadata"]["name"] == "ray-pods-code"]
+    for configmap in code:
+        package = setup.work / "python" / RAY_PODS_PACKAGE
+        package.mkdir(parents=True)
+        for name, text in configmap["data"].items():
+            (package / name).write_text(text)
+        setup.env["PYTHONPATH"] = str(setup.work / "python")
     args = setup.config["applications"][0]["args"]
     ingress = args.get("ingress_cls_config")
     if ingress is None:
         return None
-    (configmap,) = [m for m in manifests if m.get("kind") == "ConfigMap" and m["metadata"]["name"] == "ray-pods-code"]
-    package = setup.work / "python" / RAY_PODS_PACKAGE
-    package.mkdir(parents=True)
-    for name, text in configmap["data"].items():
-        (package / name).write_text(text)
-    setup.env["PYTHONPATH"] = str(setup.work / "python")
     keys = EndpointKeys(
         folder=setup.work / "api-keys",
         current=f"sk-{secrets.token_urlsafe(32)}",

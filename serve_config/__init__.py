@@ -20,6 +20,7 @@ from serve_config.checks import DECODE as DECODE
 from serve_config.checks import PREFILL as PREFILL
 from serve_config.checks import SIDES as SIDES
 from serve_config.endpoint_keys import (
+    NIXL_INCARNATION_CALLBACK,
     RAY_PODS_CODE_ANNOTATION,
     ingress_cls_config,
     mount_ray_pods_code,
@@ -126,6 +127,8 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
         "model_source": settings.model_source or settings.model_id,
     }
     config["accelerator_type"] = settings.gpu_instance.ray_accelerator_type
+    # A NIXL engine id of its own for each start of the engine (ray_pods/nixl_incarnation.py).
+    config["callback_config"] = {"callback_class": NIXL_INCARNATION_CALLBACK}
     config["deployment_config"] = {
         "num_replicas": replicas(settings, side),
         **data["sides"][side].get("deployment_config", {}),
@@ -141,6 +144,7 @@ def aggregated_llm_config(settings: Settings) -> dict[str, Any]:
     del config["engine_kwargs"]["kv_transfer_config"]
     config["engine_kwargs"].pop("max_num_batched_tokens", None)
     config.pop("experimental_configs", None)
+    config.pop("callback_config", None)
     # Like with like: the replicas stream to clients with decode's batching interval.
     interval = application_data()["sides"][DECODE]["experimental_configs"].get("stream_batching_interval_ms")
     if interval is not None:
@@ -299,9 +303,8 @@ def rayservice(
         mount_ray_pods_code(settings, pod, container)
         groups.append(group)
     cluster["workerGroupSpecs"] = groups
-    if settings.endpoint_api_keys_secret_name is not None:
-        for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in groups)):
-            template["metadata"].setdefault("annotations", {})[RAY_PODS_CODE_ANNOTATION] = ray_pods_digest()
+    for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in groups)):
+        template["metadata"].setdefault("annotations", {})[RAY_PODS_CODE_ANNOTATION] = ray_pods_digest()
     if settings.any_autoscaling:
         # Cluster Autoscaler may drain an underused node and so kill a serving replica; with this it
         # leaves any node with a Ray pod alone (its FAQ, "What types of pods can prevent CA from removing

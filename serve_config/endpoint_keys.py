@@ -25,11 +25,15 @@ API_KEYS_MOUNT = "/etc/pd-inference/api-keys"
 # The Python the Ray pods import (the ray_pods package): a ConfigMap mounted as
 # the package's directory under RAY_PODS_PYTHONPATH, which every Ray container puts
 # on PYTHONPATH. Ray imports the ingress class by this path, in the task that
-# builds the app (any node) and in the ingress replica (any worker).
+# builds the app (any node) and in the ingress replica; the NIXL callback in each
+# prefill and decode replica.
 RAY_PODS_PACKAGE = "ray_pods"
 RAY_PODS_CONFIGMAP = "ray-pods-code"
 RAY_PODS_PYTHONPATH = "/opt/pd-inference/python"
 API_KEY_INGRESS = f"{RAY_PODS_PACKAGE}.api_keys:ApiKeyIngress"
+# Ray Serve LLM's callback hook on each prefill and decode replica: a NIXL engine id of
+# its own for every start of an engine (ray_pods/nixl_incarnation.py, vllm#49238).
+NIXL_INCARNATION_CALLBACK = f"{RAY_PODS_PACKAGE}.nixl_incarnation:NixlIncarnation"
 # On the Ray pod templates: a digest of the shipped code, so a code change changes
 # the Ray cluster's spec (and the recreate Job starts pods that import the new code).
 RAY_PODS_CODE_ANNOTATION = "pd-inference.aws/ray-pods-code"
@@ -72,21 +76,16 @@ def ingress_cls_config(settings: Settings) -> dict[str, Any] | None:
 
 
 def mount_ray_pods_code(settings: Settings, pod: dict[str, Any], container: dict[str, Any]) -> None:
-    """The code ConfigMap and the keys Secret, each mounted whole (a subPath mount is never refreshed)."""
-    if settings.endpoint_api_keys_secret_name is None:
-        return
-    pod.setdefault("volumes", []).extend(
-        [
-            {"name": "ray-pods-code", "configMap": {"name": RAY_PODS_CONFIGMAP}},
-            {"name": "api-keys", "secret": {"secretName": API_KEYS_SECRET}},
-        ]
-    )
-    container.setdefault("volumeMounts", []).extend(
-        [
-            {"name": "ray-pods-code", "mountPath": f"{RAY_PODS_PYTHONPATH}/{RAY_PODS_PACKAGE}", "readOnly": True},
-            {"name": "api-keys", "mountPath": API_KEYS_MOUNT, "readOnly": True},
-        ]
-    )
+    """The code ConfigMap, and the keys Secret when keys are on, each mounted whole (a subPath mount is
+    never refreshed). The code goes to every Ray pod in both serving modes: the NIXL callback needs it
+    in P/D mode, and a mode switch must not change the Ray cluster (it would rebuild it)."""
+    volumes = pod.setdefault("volumes", [])
+    mounts = container.setdefault("volumeMounts", [])
+    volumes.append({"name": "ray-pods-code", "configMap": {"name": RAY_PODS_CONFIGMAP}})
+    mounts.append({"name": "ray-pods-code", "mountPath": f"{RAY_PODS_PYTHONPATH}/{RAY_PODS_PACKAGE}", "readOnly": True})
+    if settings.endpoint_api_keys_secret_name is not None:
+        volumes.append({"name": "api-keys", "secret": {"secretName": API_KEYS_SECRET}})
+        mounts.append({"name": "api-keys", "mountPath": API_KEYS_MOUNT, "readOnly": True})
     # The image's Python finds the package here; the AWS Ray DLC sets no PYTHONPATH
     # of its own that this would hide (unconfirmed offline: see README).
     container.setdefault("env", []).append({"name": "PYTHONPATH", "value": RAY_PODS_PYTHONPATH})

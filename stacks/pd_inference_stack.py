@@ -180,11 +180,9 @@ class PdInferenceStack(Stack):
             secrets_releases.append(secrets_sync.release)
             secrets_sync.secret_store.node.add_dependency(service.namespace_manifest)
             service.rayservice_manifest.node.add_dependency(*secrets_sync.external_secrets)
-        if settings.endpoint_api_keys_secret_name is not None:
-            configmap = endpoint_keys.ray_pods_configmap(settings)
-            code = RayPodsCode(self, "RayPodsCode", cluster=cluster, configmap=configmap)
-            code.manifest.node.add_dependency(service.namespace_manifest)
-            service.rayservice_manifest.node.add_dependency(code.manifest)
+        code = RayPodsCode(self, "RayPodsCode", cluster=cluster, configmap=endpoint_keys.ray_pods_configmap(settings))
+        code.manifest.node.add_dependency(service.namespace_manifest)
+        service.rayservice_manifest.node.add_dependency(code.manifest)
         if settings.internal_endpoint_cidrs:
             endpoint = PrivateEndpoint(
                 self,

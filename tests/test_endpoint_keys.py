@@ -100,13 +100,11 @@ def test_an_nlb_without_keys_warns_in_one_line_and_port_forward_alone_does_not()
 
 
 # --- What the template carries ----------------------------------------------------------------
-def test_on_the_defaults_the_endpoint_is_rays_own_and_nothing_is_shipped(template: dict[str, Any]) -> None:
+def test_on_the_defaults_the_endpoint_is_rays_own_and_no_key_is_mounted(template: dict[str, Any]) -> None:
     assert "ingress_cls_config" not in _app_args(template)
-    kinds = {m["kind"] for m in manifests(template)}
-    assert "ConfigMap" not in kinds and "ExternalSecret" not in kinds
+    assert "ExternalSecret" not in {m["kind"] for m in manifests(template)}
     for pod in _pods(template):
-        names = {e["name"] for e in pod["spec"]["containers"][0].get("env", [])}
-        assert "PYTHONPATH" not in names
+        assert "api-keys" not in {v["name"] for v in pod["spec"].get("volumes", [])}
 
 
 @pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
@@ -505,3 +503,45 @@ def test_the_rate_window_slides() -> None:
     now[0] = 60.0
     assert limit.retry_after("k") == 0
     assert limit.retry_after("other") == 0
+
+
+class DyingStreamHandle(FakeModelHandle):
+    """Decode's handle when its replica dies mid-stream (its node went away): two chunks, then Ray's error."""
+
+    async def _answer(self) -> AsyncIterator[Any]:
+        from ray.exceptions import ActorUnavailableError
+        from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionStreamResponse
+
+        for text in ("Once", " upon"):
+            yield ChatCompletionStreamResponse.model_validate(
+                {"id": "c", "created": 0, "model": MODEL, "choices": [{"index": 0, "delta": {"content": text}}]}
+            )
+        raise ActorUnavailableError("The actor is temporarily unavailable: RpcError: Socket closed", None)
+
+
+def test_a_stream_cut_by_a_dying_replica_ends_with_an_error_event_not_a_silent_end(ingress: SimpleNamespace) -> None:
+    """Measured in the rehearsal's node-loss phase: without this, the client saw a 200 that ended quietly."""
+    ingress.instance._default_serve_handles[MODEL] = DyingStreamHandle()
+    response = ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=_auth(GOOD))
+    assert response.status_code == 200
+    events = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+    contents = [json.loads(e)["choices"][0]["delta"].get("content") for e in events[:-1]]
+    assert contents == ["Once", " upon"]
+    assert "[DONE]" not in events
+    assert json.loads(events[-1])["error"]["code"] == "stream_interrupted"
+    assert any("cut: ActorUnavailableError" in record for record in ingress.records)
+
+
+def test_a_stream_that_ends_normally_gets_no_error_event(ingress: SimpleNamespace) -> None:
+    import asyncio
+
+    from ray_pods.api_keys import error_at_a_cut
+
+    async def whole() -> AsyncIterator[str]:
+        for event in ('data: {"choices": []}\n\n', "data: [DONE]\n\n"):
+            yield event
+
+    async def collect() -> list[str]:
+        return [chunk async for chunk in error_at_a_cut(whole(), "r")]
+
+    assert asyncio.run(collect()) == ['data: {"choices": []}\n\n', "data: [DONE]\n\n"]

@@ -225,5 +225,6 @@ def test_a_type_without_instance_store_keeps_the_cache_in_the_container(monkeypa
     for group in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         pod = group["template"]["spec"]
         assert "initContainers" not in pod
-        assert [v["name"] for v in pod["volumes"]] == ["dshm"]
+        # /dev/shm and the product's own code (ray_pods), no model cache.
+        assert [v["name"] for v in pod["volumes"]] == ["dshm", "ray-pods-code"]
         assert not [e for e in pod["containers"][0]["env"] if e["name"] == "HF_HOME"]

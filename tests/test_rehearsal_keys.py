@@ -47,12 +47,14 @@ def test_prepare_changes_exactly_the_documented_key_deltas(tmp_path: Path) -> No
     assert json.loads(Path(after["keys_file"]).read_text()) == {"team-a": made.current}
 
 
-def test_prepare_leaves_a_product_without_keys_alone(tmp_path: Path) -> None:
+def test_prepare_gives_a_product_without_keys_its_code_and_nothing_else(tmp_path: Path) -> None:
     rayservice = rayservice_from(synth())
     config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
     setup = Setup("pd", copy.deepcopy(config), {}, Libraries(libfabric_dir="", stub_dir="", cudart_dir=""), tmp_path)
     assert keys.prepare(setup, manifests(synth())) is None
-    assert setup.config == config and setup.env == {}
+    # The NIXL callback is the product's code on every P/D deployment, with or without keys.
+    assert setup.config == config and setup.env == {"PYTHONPATH": str(tmp_path / "python")}
+    assert (tmp_path / "python" / "ray_pods" / "nixl_incarnation.py").is_file()
 
 
 def test_the_key_file_is_swapped_as_the_kubelet_swaps_a_secret_volume(tmp_path: Path) -> None:
