@@ -99,6 +99,15 @@ def test_defaults_have_no_autoscaler_and_a_fixed_group(template: dict[str, Any])
     assert not any(SAFE_TO_EVICT in str(doc) for doc in manifests(template))
 
 
+def test_turning_autoscaling_on_adds_resources_and_renames_none(template: dict[str, Any]) -> None:
+    """A deploy that adds maxima updates the GPU group in place (bounds, a label, a tag): no logical id moves."""
+    scaled = synth(**AUTOSCALING)["Resources"]
+    for logical_id, resource in template["Resources"].items():
+        assert scaled.get(logical_id, {}).get("Type") == resource["Type"], logical_id
+    added = {k for k in scaled if k not in template["Resources"]}
+    assert added and all(k.startswith("ClusterAutoscaler") for k in added), added
+
+
 def test_the_group_takes_its_bounds_and_leaves_its_size_to_the_autoscaler() -> None:
     """CloudFormation never sets DesiredSize, so a deploy that moves a bound keeps the autoscaler's count."""
     low, high = gpu_node_bounds(settings_from({**PROJECT_CONTEXT, **AUTOSCALING}))
