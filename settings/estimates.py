@@ -39,12 +39,15 @@ class CostLine:
         return None if self.unit_per_hour is None else self.count * self.unit_per_hour
 
 
-def hourly_cost(s: Settings) -> list[CostLine]:
-    """What the stack runs per hour at its desired sizes, on demand."""
+def hourly_cost(s: Settings, gpu_nodes: int | None = None) -> list[CostLine]:
+    """What the stack runs per hour at its desired sizes, on demand; gpu_nodes: the GPU group at that
+    many nodes instead of its minimum (settings/sizing.py gpu_node_bounds)."""
+    if gpu_nodes is None:
+        gpu_nodes = sizing.gpu_node_bounds(s)[0]
     nat_gateways = 0 if s.vpc_id else s.max_azs
-    disks_gb = s.system_nodes_desired * s.system_volume_gib + s.gpu_nodes * s.gpu_root_volume_gib
+    disks_gb = s.system_nodes_desired * s.system_volume_gib + gpu_nodes * s.gpu_root_volume_gib
     return [
-        CostLine(f"{s.gpu_instance_type} GPU nodes", s.gpu_nodes, INSTANCE_PRICES_PER_HOUR.get(s.gpu_instance_type)),
+        CostLine(f"{s.gpu_instance_type} GPU nodes", gpu_nodes, INSTANCE_PRICES_PER_HOUR.get(s.gpu_instance_type)),
         CostLine(
             f"{s.system_instance_type} system nodes",
             s.system_nodes_desired,
@@ -56,11 +59,28 @@ def hourly_cost(s: Settings) -> list[CostLine]:
     ]
 
 
+def hourly_cost_range(s: Settings) -> tuple[float, float]:
+    """The priced lines summed with the GPU group at its minimum and at its maximum."""
+
+    def priced(nodes: int) -> float:
+        return sum(line.per_hour for line in hourly_cost(s, nodes) if line.per_hour is not None)
+
+    low, high = sizing.gpu_node_bounds(s)
+    return priced(low), priced(high)
+
+
 def cost_summary(s: Settings) -> str:
     lines = hourly_cost(s)
-    known = [line.per_hour for line in lines if line.per_hour is not None]
     unknown = [line.item for line in lines if line.per_hour is None]
-    text = f"~${sum(known):.2f}/h on demand ({PRICE_REGION} prices of {PRICE_DATE}"
+    low_nodes, high_nodes = sizing.gpu_node_bounds(s)
+    low, high = hourly_cost_range(s)
+    if high_nodes == low_nodes:
+        text = f"~${low:.2f}/h on demand ({PRICE_REGION} prices of {PRICE_DATE}"
+    else:
+        text = (
+            f"~${low:.2f}/h at the minimum ({low_nodes} GPU nodes) to ~${high:.2f}/h at the maximum "
+            f"({high_nodes} GPU nodes) on demand ({PRICE_REGION} prices of {PRICE_DATE}"
+        )
     if s.effective_region not in (None, PRICE_REGION):
         text += f"; the stack is in {s.effective_region}, whose prices differ"
     text += "; data transfer and logs extra"
@@ -216,5 +236,37 @@ def plan_table(s: Settings) -> str:
         "vLLM, Mooncake on A10, SageMaker HyperPod's 4k-prompt/70B guidance; prefill MFU 30-50% is assumed. "
         "A verdict that differs between the ends of these ranges is printed as inconclusive. Measure yours: "
         "python -m tools.bench compare <disaggregated results> <aggregated results>"
+    )
+    return "\n".join(rows)
+
+
+# --- The cost of a burst: one more replica on a new GPU node (numbers from settings.sizing) --------
+def _seconds(low: float, high: float, floor: bool) -> str:
+    if floor:
+        return f">= {low:.0f} s"
+    return f"{low:.0f} s" if low == high else f"{low:.0f}-{high:.0f} s"
+
+
+def scale_up_table(s: Settings) -> str:
+    """For `make plan`: the time to add one replica on a new GPU node, term by term with its source, and
+    the hourly cost at the GPU group's minimum and maximum."""
+    terms = sizing.scale_up_budget(s)
+    width = max(len(t.what) for t in terms)
+    rows = [f"One more replica on a new GPU node ({s.gpu_instance_type}), term by term:"]
+    for t in terms:
+        rows.append(f"  {t.what:<{width}}  {_seconds(t.low_seconds, t.high_seconds, t.floor):>11}  {t.source}")
+    low, high = sizing.scale_up_seconds(s)
+    floors = any(t.floor for t in terms)
+    total = f"{low / 60:.1f}-{high / 60:.1f} min" + (" (a floor term included: longer if it is)" if floors else "")
+    rows.append(f"  {'total':<{width}}  {total}")
+    largest = max(terms, key=lambda t: t.high_seconds)
+    rows.append(f'  largest term: {largest.what} (README "The cost of a burst": how to cut it)')
+    low_nodes, high_nodes = sizing.gpu_node_bounds(s)
+    low_cost, high_cost = hourly_cost_range(s)
+    node_price = INSTANCE_PRICES_PER_HOUR.get(s.gpu_instance_type)
+    each = f"; each GPU node ${node_price:.2f}/h" if node_price is not None else ""
+    rows.append(
+        f"Hourly cost: ~${low_cost:.2f} at the minimum ({low_nodes} GPU nodes), ~${high_cost:.2f} at the maximum "
+        f"({high_nodes} GPU nodes){each} (on demand, {PRICE_REGION} prices of {PRICE_DATE})"
     )
     return "\n".join(rows)

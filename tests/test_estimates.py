@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from settings import Settings, catalog, sizing
-from settings.estimates import PRICE_DATE, cost_summary, hourly_cost, plan_table
+from settings.estimates import PRICE_DATE, cost_summary, hourly_cost, hourly_cost_range, plan_table, scale_up_table
 
 
 def test_plan_matches_a_hand_calculation_for_the_defaults() -> None:
@@ -135,3 +135,58 @@ def test_the_verdict_shows_what_pd_buys_and_rests_on_no_unsourced_budget() -> No
     table = plan_table(Settings())
     assert "4x693ms" in table and "17-39%" in table
     assert "budget" not in table
+
+
+# --- issue 19: the cost range and the scale-up budget -----------------------------------------------
+def _range() -> Settings:
+    return Settings(decode_max_replicas=3, decode_target_ongoing_requests=8.0)
+
+
+def test_cost_gives_a_range_from_the_minimum_to_the_maximum() -> None:
+    """Decode 1 -> 3: 2 GPU nodes at the minimum, 4 at the maximum (settings/sizing.py gpu_node_bounds).
+
+    Minimum: the defaults' 4.6549 $/h. Maximum: 2 more g6.8xlarge (2 x 2.0144) and their 50 GB roots
+    (100 GB x 0.08 / 730 = 0.01096): 4.6549 + 4.0288 + 0.01096 = 8.69466 $/h.
+    """
+    s = _range()
+    low, high = hourly_cost_range(s)
+    assert low == pytest.approx(4.6549, abs=0.001)
+    assert high == pytest.approx(8.6947, abs=0.001)
+    assert cost_summary(s).startswith("~$4.65/h at the minimum (2 GPU nodes) to ~$8.69/h at the maximum (4 GPU nodes)")
+    # A fixed group keeps the one figure (the stack output and README's block are unchanged).
+    assert hourly_cost_range(Settings()) == pytest.approx((4.6549, 4.6549), abs=0.001)
+    assert "maximum" not in cost_summary(Settings())
+
+
+def test_the_scale_up_budget_matches_a_hand_calculation() -> None:
+    """One replica on a new g6.8xlarge, seconds: Serve's upscale delay 30; Ray's 5 s loop and Cluster
+    Autoscaler's < 30 s, 0-35; launch and join 180-240; the 20 GB image 240-360; the weights, 16.38e9 B
+    at 25 Gbps (3.125e9 B/s) = 5.2416, a floor (a new node's NVMe cache is empty); engine start 60-180.
+    Low 30 + 0 + 180 + 240 + 5.2416 + 60 = 515.24 s; high 30 + 35 + 240 + 360 + 5.2416 + 180 = 850.24 s.
+    """
+    s = Settings()
+    terms = sizing.scale_up_budget(s)
+    low, high = sizing.scale_up_seconds(s)
+    assert low == pytest.approx(515.24, abs=0.01)
+    assert high == pytest.approx(850.24, abs=0.01)
+    # The weights term is the cold start's first download, read from its one home, not recomputed.
+    (weights,) = [t for t in terms if t.what.startswith("weights")]
+    assert weights.floor and weights.low_seconds == sizing.cold_start(s).first_download_seconds
+    # The largest term is the image pull: the one README "The cost of a burst" says how to cut.
+    assert max(terms, key=lambda t: t.high_seconds).what.startswith("image pull")
+
+
+def test_every_scale_up_term_names_its_source_or_says_measured_or_assumed() -> None:
+    for term in sizing.scale_up_budget(Settings()):
+        assert term.source, term
+        assert term.low_seconds <= term.high_seconds, term
+        cited = any(mark in term.source for mark in (".py", "FAQ", "Blog", "measured", "assumed", "cold_start"))
+        assert cited, term
+
+
+def test_the_scale_up_table_prints_every_term_and_the_cost_at_both_ends() -> None:
+    table = scale_up_table(_range())
+    for term in sizing.scale_up_budget(_range()):
+        assert term.what in table and term.source in table
+    assert "total" in table and "8.6-14.2 min" in table
+    assert "~$4.65 at the minimum (2 GPU nodes), ~$8.69 at the maximum (4 GPU nodes)" in table

@@ -156,6 +156,28 @@ def test_plan_prints_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan.main(["-c", "gpu_instance_type=nope"]) == 1
 
 
+def test_plan_prints_the_scale_up_budget_term_by_term_and_the_cost_range(capsys: pytest.CaptureFixture[str]) -> None:
+    """`make plan` with decode scaling 1 -> 3: every term of the time to add a replica on a new GPU node, each
+    with its source, the total, and the hourly cost at 2 and at 4 GPU nodes (numbers: tests/test_estimates.py)."""
+    assert plan.main(["-c", "decode_max_replicas=3", "-c", "decode_target_ongoing_requests=8"]) == 0
+    out = capsys.readouterr().out
+    budget = out.split("One more replica on a new GPU node (g6.8xlarge), term by term:\n", 1)[1]
+    lines = budget.splitlines()
+    terms = [line for line in lines if line.startswith("  ") and " s  " in line]
+    assert [line.split("  ")[1] for line in terms] == [
+        "Serve sees the load",
+        "Ray adds the pod, Cluster Autoscaler the node",
+        "g6.8xlarge launch and node join",
+        "image pull (~20 GB)",
+        "weights (16.4 GB)",
+        "engine start",
+    ]
+    assert "AWS ML Blog" in budget and "measured on CPU" in budget and "kubernetes/autoscaler FAQ" in budget
+    assert any(line.split()[0] == "total" and "8.6-14.2 min" in line for line in lines)
+    assert "~$4.65 at the minimum (2 GPU nodes), ~$8.69 at the maximum (4 GPU nodes)" in budget
+    assert "Estimated cost: ~$4.65/h at the minimum (2 GPU nodes) to ~$8.69/h at the maximum (4 GPU nodes)" in out
+
+
 def test_default_settings_object_is_what_tools_load() -> None:
     from settings import settings_from_cli
 

@@ -1,7 +1,8 @@
-"""Print the KV-transfer plan and whether splitting pays, for the settings: `python -m tools.plan [-c key=value ...]`.
+"""Print the KV-transfer plan, whether splitting pays, the cost, and the time to add a replica on a new
+GPU node, for the settings: `python -m tools.plan [-c key=value ...]`.
 
-The same table `cdk synth` prints; settings as on the cdk command line
-(including -c settings_file=path).
+The first table is the one `cdk synth` prints; settings as on the cdk command line
+(including -c settings_file=path). Every number comes from settings/ (sizing.py, estimates.py).
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import argparse
 import sys
 
 from settings import SettingsError, settings_from_cli
-from settings.estimates import cost_summary, plan_table
+from settings.estimates import cost_summary, plan_table, scale_up_table
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="KV-transfer plan, whether splitting pays, and cost for the settings")
+    parser = argparse.ArgumentParser(
+        description="KV-transfer plan, whether splitting pays, cost, and the scale-up budget for the settings"
+    )
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     try:
@@ -24,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(plan_table(settings))
     print(f"Estimated cost: {cost_summary(settings)}")
+    print(scale_up_table(settings))
     return 0
 
 
