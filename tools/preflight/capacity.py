@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from botocore.exceptions import ClientError
 
-from settings import catalog
+from settings import catalog, sizing
 from tools.preflight.base import Account, Result, error_code, pages, quota_value
 
 
@@ -109,12 +109,16 @@ def capacity_reservation(account: Account) -> list[Result]:
     if settings.gpu_capacity_block and not block:
         problems.append("not a Capacity Block, and gpu_capacity_block is set: the launch would ask for one")
     available, total = r.get("AvailableInstanceCount", 0), r.get("TotalInstanceCount", 0)
+    # Against the GPU group's maximum: a node Cluster Autoscaler adds later launches into the
+    # reservation too, and one beyond it cannot (the group would stop short of its maximum).
+    low, high = sizing.gpu_node_bounds(settings)
+    nodes = f"the {high} GPU nodes" + (f" at their maximum (minimum {low})" if high > low else "")
     if account.deployed:
         # AvailableInstanceCount leaves out the running instances, the stack's own GPU nodes among them.
-        if total < settings.gpu_nodes:
-            problems.append(f"{total} in all, fewer than the {settings.gpu_nodes} GPU nodes")
-    elif available < settings.gpu_nodes:
-        problems.append(f"{available} available of the {settings.gpu_nodes} the GPU nodes need")
+        if total < high:
+            problems.append(f"{total} in all, fewer than {nodes}")
+    elif available < high:
+        problems.append(f"{available} available of {nodes}")
     if problems:
         return [
             Result(
@@ -195,24 +199,38 @@ def running_vcpus(account: Account) -> tuple[int, int]:
 
 
 def _quota_line(
-    account: Account, quota: catalog.Quota, used: int, nodes: int, surge: int, vcpus: int, what: str
+    account: Account,
+    quota: catalog.Quota,
+    used: int,
+    nodes: tuple[int, int],
+    surge: int,
+    vcpus: int,
+    what: str,
 ) -> Result:
+    """nodes: the group's (minimum, maximum). The deploy needs the minimum; growing to the maximum,
+    and a node group update on top of it, need the rest."""
+    low, high = nodes
     limit = int(quota_value(account, quota))
     free = limit - used
-    create = 0 if account.deployed else nodes * vcpus
+    # A deployed group's nodes are among those in use; it is taken to run at its minimum.
+    create = 0 if account.deployed else low * vcpus
+    peak = (high - low) * vcpus + create
     update = surge * vcpus
     detail = (
         f"{quota.name} ({quota.code}): {limit} vCPUs, {used} in use; {what} need {create}"
         + (" more (already deployed)" if account.deployed else "")
+        + (f", {peak - create} more to grow to their maximum of {high}" if high > low else "")
         + f", and an update {update} more"
     )
     ask = (
         f"aws service-quotas request-service-quota-increase --service-code {quota.service} "
-        f"--quota-code {quota.code} --desired-value {used + create + update} --region {account.region}"
+        f"--quota-code {quota.code} --desired-value {used + peak + update} --region {account.region}"
     )
     if create > free:
         return Result("FAIL", quota.label, detail, ask)
-    if create + update > free:
+    if peak > free:
+        return Result("FAIL", quota.label, f"{detail} (scale-up would stop at {low + (free - create) // vcpus})", ask)
+    if peak + update > free:
         return Result("WARN", quota.label, detail + " (a node group update would stall)", ask)
     return Result("PASS", quota.label, detail)
 
@@ -225,12 +243,14 @@ def vcpu_quotas(account: Account) -> list[Result]:
     surge = catalog.NODE_UPDATE_SURGE_PER_AZ
     system_azs = settings.max_azs if settings.vpc_id is None else max(2, len(account.private_subnet_azs))
     return [
-        _quota_line(account, catalog.GVT_VCPUS, gvt, settings.gpu_nodes, surge, account.gpu_vcpus, "the GPU nodes"),
+        _quota_line(
+            account, catalog.GVT_VCPUS, gvt, sizing.gpu_node_bounds(settings), surge, account.gpu_vcpus, "the GPU nodes"
+        ),
         _quota_line(
             account,
             catalog.STANDARD_VCPUS,
             standard,
-            settings.system_nodes_desired,
+            (settings.system_nodes_desired, settings.system_nodes_desired),
             surge * system_azs,
             account.system_vcpus,
             "the system nodes",
