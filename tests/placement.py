@@ -66,8 +66,11 @@ class Node:
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 
 
-def nodes_from_template(template: Mapping[str, Any], kubernetes_version: str, *, at: str = "min") -> list[Node]:
-    """One Node per instance each managed node group runs at its minimum (or desired) size."""
+def nodes_from_template(
+    template: Mapping[str, Any], kubernetes_version: str, *, at: str = "min", sizes: Mapping[str, int] | None = None
+) -> list[Node]:
+    """One Node per instance each managed node group runs at its minimum (or desired) size; sizes: these
+    node groups (by logical id) at that many instances instead, within the group's MinSize and MaxSize."""
     nodes = []
     for logical_id, resource in template["Resources"].items():
         if resource["Type"] != "AWS::EKS::Nodegroup":
@@ -77,6 +80,10 @@ def nodes_from_template(template: Mapping[str, Any], kubernetes_version: str, *,
         spec = INSTANCE_TYPES[instance_type]
         scaling = props["ScalingConfig"]
         count = scaling["MinSize"] if at == "min" else scaling["DesiredSize"]
+        if sizes and logical_id in sizes:
+            count = sizes[logical_id]
+            if not scaling["MinSize"] <= count <= scaling["MaxSize"]:
+                raise ValueError(f"{logical_id}: {count} nodes, outside {scaling['MinSize']}-{scaling['MaxSize']}")
         # Labels EKS puts on every managed node, plus ours and nodeadm's.
         labels = {
             "kubernetes.io/os": "linux",

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from serve_config import DECODE, PREFILL
+from settings import settings_from, sizing
 from settings.catalog import (
     AWS_LOAD_BALANCER_CONTROLLER,
     EFA_DEVICE_PLUGIN,
@@ -18,7 +19,7 @@ from settings.catalog import (
 )
 from tests import placement
 from tests.cluster import DEVICE_PLUGIN_DAEMONSETS, placed, workloads
-from tests.conftest import synth
+from tests.conftest import PROJECT_CONTEXT, rayservice_from, synth
 
 # Tests that synthesize and render per version run in one xdist group: one process caches them.
 pytestmark = pytest.mark.xdist_group("placement")
@@ -201,3 +202,55 @@ def test_observability_off_runs_none_of_the_addons_pods() -> None:
     result = placed(observability="false")
     assert result.failures == []
     assert not any(name in result.placed for name in (*ADDON_DAEMONSETS, "DaemonSet/dcgm-exporter"))
+
+
+# --- issue 19: every GPU node count from the group's minimum to its maximum ------------------------
+BOUNDED = {
+    "decode-1-to-3": {"decode_max_replicas": 3, "decode_target_ongoing_requests": 8},
+    "both-sides-everything": {
+        "prefill_max_replicas": 2,
+        "prefill_target_ongoing_requests": 1,
+        "decode_max_replicas": 3,
+        "decode_target_ongoing_requests": 8,
+        **VARIANTS["everything"],
+    },
+}
+
+
+@pytest.mark.parametrize("overrides", list(BOUNDED.values()), ids=list(BOUNDED))
+def test_every_gpu_node_count_from_the_minimum_to_the_maximum_places(overrides: dict[str, Any]) -> None:
+    """For every replica count of each side within its bounds, the GPU group at the nodes those replicas
+    need (settings/sizing.py gpu_nodes_for), with the Ray worker groups at those counts: every pod lands
+    and fits, one Ray worker per GPU node, the sides apart, and the counts cover the group's MinSize to
+    MaxSize as the template carries them."""
+    template = synth(**overrides)
+    settings = settings_from({**PROJECT_CONTEXT, **overrides})
+    (gpu_group,) = [
+        logical_id
+        for logical_id, r in template["Resources"].items()
+        if r["Type"] == "AWS::EKS::Nodegroup" and r["Properties"].get("Labels", {}).get("role") == "gpu-worker"
+    ]
+    scaling = template["Resources"][gpu_group]["Properties"]["ScalingConfig"]
+    low, high = scaling["MinSize"], scaling["MaxSize"]
+    assert (low, high) == sizing.gpu_node_bounds(settings) and high > low
+    rayservice = rayservice_from(template)
+    others = [w for w in workloads(template, "1.36") if w.source != "RayService"]
+    covered = set()
+    for prefill in range(settings.side_replicas(PREFILL), settings.side_max_replicas(PREFILL) + 1):
+        for decode in range(settings.side_replicas(DECODE), settings.side_max_replicas(DECODE) + 1):
+            count = sizing.gpu_nodes_for(settings, {PREFILL: prefill, DECODE: decode})
+            covered.add(count)
+            scaled = copy.deepcopy(rayservice)
+            for group in scaled["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+                group["replicas"] = {PREFILL: prefill, DECODE: decode}.get(group["groupName"], group["replicas"])
+            nodes = placement.nodes_from_template(template, "1.36", sizes={gpu_group: count})
+            result = placement.place(nodes, [*others, *placement.ray_workloads(scaled)], DEVICE_PLUGIN_DAEMONSETS)
+            at = f"{prefill} prefill + {decode} decode on {count} GPU nodes"
+            assert result.failures == [], at
+            gpu_nodes = {n.name for n in result.nodes if n.group == gpu_group}
+            prefills, decodes = result.placed[f"{SERVICE}/{PREFILL}"], result.placed[f"{SERVICE}/{DECODE}"]
+            assert (len(prefills), len(decodes)) == (prefill, decode), at
+            assert sorted(prefills + decodes) == sorted(gpu_nodes), f"{at}: one Ray worker per GPU node"
+            system = _group(result, "system")
+            assert result.groups_of(f"{SERVICE}/head") == {system}, at
+    assert covered == set(range(low, high + 1))
