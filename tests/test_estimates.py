@@ -9,6 +9,7 @@ import pytest
 
 from settings import Settings, catalog, sizing
 from settings.estimates import PRICE_DATE, cost_summary, hourly_cost, hourly_cost_range, plan_table, scale_up_table
+from tests.conftest import synth
 
 
 def test_plan_matches_a_hand_calculation_for_the_defaults() -> None:
@@ -156,6 +157,11 @@ def test_cost_gives_a_range_from_the_minimum_to_the_maximum() -> None:
     # A fixed group keeps the one figure (the stack output and README's block are unchanged).
     assert hourly_cost_range(Settings()) == pytest.approx((4.6549, 4.6549), abs=0.001)
     assert "maximum" not in cost_summary(Settings())
+
+
+def test_the_stack_output_gives_the_range() -> None:
+    value = synth(decode_max_replicas=3, decode_target_ongoing_requests=8)["Outputs"]["EstimatedCostPerHour"]["Value"]
+    assert value.startswith("~$4.65/h at the minimum (2 GPU nodes) to ~$8.69/h at the maximum (4 GPU nodes)")
 
 
 def test_the_scale_up_budget_matches_a_hand_calculation() -> None:
