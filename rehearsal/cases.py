@@ -12,11 +12,22 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from rehearsal import bad_requests, checks, disconnects, faults, keys, metric_names
+from rehearsal import (
+    bad_requests,
+    checks,
+    disconnects,
+    engine_deaths,
+    faults,
+    keys,
+    metric_names,
+    node_loss,
+    sustained_load,
+)
 from rehearsal.context import Phase, Setup
 from rehearsal.deploy import apply_failure_deltas
 from rehearsal.faults import Fault
@@ -89,6 +100,11 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
         bad_requests.bad_requests_check,
         checks.bench,
         disconnects.disconnects_check,
+        sustained_load.sustained_load_check,
+        # The faults last: each leaves the app serving again, or the case has failed.
+        engine_deaths.prefill_death_check,
+        engine_deaths.decode_death_check,
+        node_loss.node_loss_check,
         keys.key_log_scan,
     ),
     "aggregated": (keys.key_checks, checks.verify_checks, checks.bench, keys.key_log_scan),
@@ -109,6 +125,17 @@ def apply_case(setup: Setup) -> None:
         apply_failure_deltas(setup.config)
 
 
+# For working on one phase: only the phases named here (comma-separated function names) run.
+# A development aid; `make test` never sets it, and a run with it says so.
+ONLY_PHASES = "REHEARSAL_ONLY_PHASES"
+
+
 def phases(case: str) -> tuple[Phase, ...]:
     """A failure case that deploys after all runs verify's checks, which must then find what is wrong."""
-    return CASE_PHASES.get(case, (checks.verify_checks,))
+    found = CASE_PHASES.get(case, (checks.verify_checks,))
+    only = os.environ.get(ONLY_PHASES)
+    if only:
+        names = set(only.split(","))
+        print(f"{ONLY_PHASES}={only}: only these phases run", flush=True)
+        found = tuple(phase for phase in found if phase.__name__ in names)
+    return found

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rehearsal.network import HEAD_IFACE, HEAD_IP, WORKER_IFACE, WORKER_IP, Nodes
@@ -16,31 +16,68 @@ from tools.cluster_access import RAY_METRICS_PORT
 
 
 @contextlib.contextmanager
-def ray_cluster(env: dict[str, str], temp_dir: Path, nodes: Nodes, head_env: dict[str, str]) -> Iterator[None]:
+def ray_cluster(
+    env: dict[str, str], temp_dir: Path, nodes: Nodes, head_env: dict[str, str]
+) -> Iterator[Callable[[], None]]:
     """The Ray head with prefill's resource on node A, a worker with decode's on node B, as KubeRay's groups.
 
-    head_env: what the head container sets beside the workers' environment."""
-    ray = str(Path(sys.executable).parent / "ray")
-    common = ["--num-cpus=6", f"--metrics-export-port={RAY_METRICS_PORT}", "--disable-usage-stats"]
+    head_env: what the head container sets beside the workers' environment. Yields what starts node B's
+    Ray again after it was stopped (stop_node_b), as KubeRay recreates a worker pod that went away."""
     head = [
-        ray, "start", "--head", f"--node-ip-address={HEAD_IP}", "--port=6379", f"--dashboard-host={HEAD_IP}",
-        f"--temp-dir={temp_dir}", f"--resources={json.dumps({'prefill': 1})}", *common,
-    ]  # fmt: skip
-    worker = [
-        *nodes.node_b, ray, "start", f"--address={HEAD_IP}:6379", f"--node-ip-address={WORKER_IP}",
-        f"--resources={json.dumps({'decode': 1})}", *common,
+        _ray(), "start", "--head", f"--node-ip-address={HEAD_IP}", "--port=6379", f"--dashboard-host={HEAD_IP}",
+        f"--temp-dir={temp_dir}", f"--resources={json.dumps(NODE_A_RESOURCES)}", "--num-cpus=6", *_COMMON,
     ]  # fmt: skip
     # Started outside the repository, as in a pod: Ray hands its processes' directory to the workers'
     # import path, and this project's code must reach them only as the pods get it (ray_pods via PYTHONPATH).
     outside = temp_dir.parent
+
+    def start_node_b() -> None:
+        subprocess.run(_worker(nodes), env={**env, "FI_TCP_IFACE": WORKER_IFACE}, check=True, timeout=180, cwd=outside)
+
     try:
         subprocess.run(head, env={**env, **head_env, "FI_TCP_IFACE": HEAD_IFACE}, check=True, timeout=180, cwd=outside)
-        subprocess.run(worker, env={**env, "FI_TCP_IFACE": WORKER_IFACE}, check=True, timeout=180, cwd=outside)
-        yield
+        start_node_b()
+        yield start_node_b
     finally:
         # Not `ray stop`: it finds Ray processes by name on the whole machine, other
         # namespaces included, and would stop any other Ray running here.
         kill_namespace_processes(f"/proc/{nodes.holder.pid}/ns/net", nodes.holder.pid)
+
+
+_COMMON = [f"--metrics-export-port={RAY_METRICS_PORT}", "--disable-usage-stats"]
+# Node A stands in for the system node too: the OpenAI ingress lives there, off the GPU nodes, as the
+# product's ingress group puts it (its replica asks for `ingress`). Node B has exactly the CPUs of
+# decode's bundle (4 for the engine and 1 for the replica), so nothing else fits there: losing node B
+# loses decode alone, never the ingress streaming to the client.
+NODE_A_RESOURCES = {"prefill": 1, "ingress": 1}
+NODE_B_CPUS = 5
+
+
+def _ray() -> str:
+    return str(Path(sys.executable).parent / "ray")
+
+
+def _worker(nodes: Nodes) -> list[str]:
+    return [
+        *nodes.node_b, _ray(), "start", f"--address={HEAD_IP}:6379", f"--node-ip-address={WORKER_IP}",
+        f"--resources={json.dumps({'decode': 1})}", f"--num-cpus={NODE_B_CPUS}", *_COMMON,
+    ]  # fmt: skip
+
+
+def stop_node_b(nodes: Nodes) -> int:
+    """Kill every process in node B's network namespace but the one holding it open: node B's Ray
+    (raylet, workers, decode's replica and engine) is gone at once, as when its node fails. Chosen by
+    namespace alone, so nothing on node A (the head, prefill) or elsewhere on this machine is touched."""
+    namespace = nodes.node_b_namespace
+    killed = 0
+    for pid in _parents():
+        if pid == nodes.holder.pid:
+            continue
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/ns/net") == namespace:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+    return killed
 
 
 def _parents() -> dict[int, int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from rehearsal import deploy
 from rehearsal.native import Libraries
-from rehearsal.network import DASHBOARD, SERVE
+from rehearsal.network import DASHBOARD, SERVE, Nodes
 
 
 @dataclass
@@ -57,6 +57,8 @@ class Context:
     serve: str = SERVE
     dashboard: str = DASHBOARD
     endpoint_keys: EndpointKeys | None = None  # set when the product's serve config has the key ingress
+    nodes: Nodes | None = None  # the two namespaces, for the phases that break a node or an engine
+    restart_node_b: Callable[[], None] | None = None  # starts node B's Ray again, as KubeRay recreates a pod
     log_lines: list[str] = field(default_factory=list)
     metrics: dict[str, float | None] = field(default_factory=dict)
 

@@ -105,8 +105,11 @@ def _run(case: str, nodes: Nodes, work: Path, logs_out: Path | None, results: Pa
     timings["config"] = time.monotonic() - started
     temp_dir = work / "ray"
     headers = kuberay_headers(env)
-    ctx = Context(case, config, env, headers, temp_dir, work, model_dir, results, endpoint_keys=endpoint_keys)
-    with ray_cluster(env, temp_dir, nodes, product_head_env(rayservice)):
+    ctx = Context(
+        case, config, env, headers, temp_dir, work, model_dir, results, endpoint_keys=endpoint_keys, nodes=nodes
+    )
+    with ray_cluster(env, temp_dir, nodes, product_head_env(rayservice)) as restart_node_b:
+        ctx.restart_node_b = restart_node_b
         try:
             refusals = auth_checks(config, env)
             deploying = time.monotonic()

@@ -1,0 +1,93 @@
+"""The fault phases' own pieces (rehearsal/streams.py, engine_deaths.py, node_loss.py, __main__.py).
+
+The phases themselves run in `make rehearse` against the deployed app; these tests pin what
+they rely on: how a client's outcome is classified, how an engine's process is found (by
+Ray's and vLLM's titles, in one network namespace only), and the budget of the cases.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from rehearsal import cases, streams
+from rehearsal.__main__ import CASES
+
+# `make test` = setup + lint + pytest (about 2 minutes on two cores) + the rehearsal; it must stay
+# under 60 minutes from a fresh clone (issue 23), CI's limit being 90.
+REHEARSAL_BUDGET_S = 50 * 60
+
+
+def test_a_complete_stream_an_error_and_a_silent_cut_are_told_apart() -> None:
+    assert streams.Outcome(0.0, status=200, chunks=5, done=True).kind == "ok"
+    # An error event in a 200 stream is an error the client can see, not a cut.
+    assert streams.Outcome(0.0, status=200, chunks=5, error='{"code": "stream_interrupted"}').kind == "error"
+    assert streams.Outcome(0.0, status=500, error="Internal Server Error").kind == "error"
+    assert streams.Outcome(0.0, status=None, error="ConnectionResetError").kind == "error"
+    # The failure a client cannot tell from a finished answer.
+    assert streams.Outcome(0.0, status=200, chunks=5).kind == "cut"
+    assert streams.Outcome(0.0, status=200, chunks=5).label() == "200 cut after 5 chunks, no error"
+
+
+@pytest.fixture
+def fake_replica() -> Iterator[tuple[int, int]]:
+    """A process titled as Ray titles prefill's Serve replica, with a child titled as vLLM titles its engine."""
+    code = textwrap.dedent(
+        """
+        import os, sys, time, setproctitle
+        child = os.fork()
+        if child == 0:
+            setproctitle.setproctitle("VLLM::EngineCore")
+            time.sleep(120)
+            os._exit(0)
+        setproctitle.setproctitle("ray::ServeReplica:llm:Prefill:Qwen--Qwen3-8B")
+        print(child, flush=True)
+        time.sleep(120)
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        engine = int(process.stdout.readline())
+        time.sleep(1.0)  # the child's title is set after it starts
+        yield process.pid, engine
+    finally:
+        process.kill()
+        process.wait()
+        subprocess.run(["kill", "-9", str(engine)], check=False, capture_output=True)
+
+
+def test_an_engine_is_found_by_its_titles_in_its_own_namespace_only(fake_replica: tuple[int, int]) -> None:
+    replica, engine = fake_replica
+    here = os.readlink("/proc/self/ns/net")
+    found = streams.engine_processes("prefill", here)
+    assert found == {"replicas": [replica], "engines": [engine]}
+    assert streams.engine_processes("decode", here) == {"replicas": [], "engines": []}
+    # Another node's namespace: nothing here is touched.
+    assert streams.engine_processes("prefill", "net:[0]") == {"replicas": [], "engines": []}
+    assert streams.rss_mib([replica]) > streams.rss_mib([engine]) > 0
+
+
+def test_the_pd_case_runs_every_fault_phase_on_its_one_app_after_the_bench() -> None:
+    names = [phase.__name__ for phase in cases.CASE_PHASES["pd"]]
+    faults = ["sustained_load_check", "prefill_death_check", "decode_death_check", "node_loss_check"]
+    assert names[names.index("bench") + 2 : names.index("bench") + 6] == faults
+    assert names[-1] == "key_log_scan"  # after every phase, so it reads every request's log line
+
+
+def test_only_the_named_phases_run_when_asked_and_all_of_them_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cases.ONLY_PHASES, raising=False)
+    assert cases.phases("pd") == cases.CASE_PHASES["pd"]
+    monkeypatch.setenv(cases.ONLY_PHASES, "node_loss_check")
+    assert [p.__name__ for p in cases.phases("pd")] == ["node_loss_check"]
+
+
+def test_the_cases_caps_fit_the_budget() -> None:
+    assert sum(case.cap_s for case in CASES) <= REHEARSAL_BUDGET_S
+    assert all(case.cap_s > 0 for case in CASES)
