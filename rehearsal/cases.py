@@ -39,9 +39,13 @@ FAILURE_CASES = ("ucx", "wrong-side-channel", "no-plugin")
 # The cases that deploy the product in another serving mode (a setting, as a user would set it).
 # The two serving cases run with API keys on the endpoint, as a user with keys deploys (and like with like
 # for bench compare); the failure cases keep the defaults.
+# The serving cases also size Serve's admission bounds for requests of 1,024 tokens, as a user whose
+# requests are that short would (settings typical_request_tokens): the default 2,048 admits 13 at decode
+# on the product's GPU, and the disconnects phase holds 20 streams at once (issue 23 item 4).
+SERVING_SETTINGS = {**keys.KEY_SETTINGS, "typical_request_tokens": "1024"}
 CASE_SETTINGS: dict[str, dict[str, str]] = {
-    "pd": {**keys.KEY_SETTINGS},
-    "aggregated": {"serving_mode": "aggregated", **keys.KEY_SETTINGS},
+    "pd": {**SERVING_SETTINGS},
+    "aggregated": {"serving_mode": "aggregated", **SERVING_SETTINGS},
 }
 
 
