@@ -87,8 +87,93 @@ def kv_buffer_device(settings: Settings) -> str:
 
 
 def replicas(settings: Settings, side: str) -> int:
-    """Engine replicas of a side: one Ray worker pod each, holding its tensor-parallel group's GPUs."""
+    """Engine replicas of a side (its minimum): one Ray worker pod each, holding its tensor-parallel group's GPUs."""
     return settings.side_replicas(side)
+
+
+# Past a deployment's queue bound Serve answers this (503 or 429, serve/config.py BackpressureConfig);
+# 429 is the key rate limit's (ray_pods/api_keys.py): 503 says the service, not the caller, is full.
+BACKPRESSURE_STATUS = 503
+
+
+def _bounds(settings: Settings, side: str) -> tuple[int, int, float | None]:
+    """(minimum, maximum, target) of a side, or of aggregated mode's one deployment: the sides summed,
+    scaling toward decode's target (prefill's when only prefill has a range)."""
+    if side != "aggregated":
+        target = settings.side_target_ongoing_requests(side)
+        return settings.side_replicas(side), settings.side_max_replicas(side), target
+    low = settings.prefill_replicas + settings.decode_replicas
+    high = settings.side_max_replicas(PREFILL) + settings.side_max_replicas(DECODE)
+    target = settings.decode_target_ongoing_requests or settings.prefill_target_ongoing_requests
+    return low, high, target
+
+
+def _queue_bounds(settings: Settings, *, ongoing: int, queued: int) -> dict[str, Any]:
+    return {
+        "max_ongoing_requests": ongoing,
+        "max_queued_requests": queued,
+        "backpressure_config": {
+            "status_code": BACKPRESSURE_STATUS,
+            "retry_after_s": settings.backpressure_retry_after_seconds,
+        },
+    }
+
+
+def deployment_config(settings: Settings, side: str) -> dict[str, Any]:
+    """Serve's options for one engine deployment ('prefill', 'decode' or 'aggregated').
+
+    Either num_replicas or autoscaling_config, never both: Ray LLM deep-merges its own
+    autoscaling_config (target_ongoing_requests 1e9) into the options unless num_replicas is
+    set (ray/llm/_internal/common/dict_utils.py), so an autoscaling_config here always names
+    its target. The bounds and the drain come from settings/sizing.py.
+    """
+    low, high, target = _bounds(settings, side)
+    config: dict[str, Any]
+    if high > low:
+        config = {"autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": target}}
+    else:
+        config = {"num_replicas": low}
+    config.update(
+        _queue_bounds(
+            settings,
+            ongoing=sizing.max_ongoing_requests(settings, side),
+            queued=sizing.max_queued_requests(settings, side),
+        )
+    )
+    wait, timeout = sizing.graceful_shutdown(settings, side)
+    if side == PREFILL:
+        config["graceful_shutdown_wait_loop_s"] = wait
+    config["graceful_shutdown_timeout_s"] = timeout
+    return config
+
+
+# The custom resource the ingress worker group advertises and the ingress replica asks for.
+INGRESS_GROUP = "ingress"
+
+
+def ingress_deployment_config(settings: Settings) -> dict[str, Any]:
+    """The OpenAI ingress's Serve options: its home on the ingress worker group (pd_application.yaml),
+    and queue bounds that pass on everything the engines behind it can hold or queue."""
+    config: dict[str, Any] = application_data()["ingress"]["deployment_config"]
+    config.update(
+        _queue_bounds(
+            settings,
+            ongoing=sizing.ingress_max_ongoing_requests(settings),
+            queued=sizing.max_queued_requests(settings, _client_facing(settings)),
+        )
+    )
+    config["graceful_shutdown_timeout_s"] = sizing.graceful_shutdown(settings, INGRESS_GROUP)[1]
+    return config
+
+
+def _client_facing(settings: Settings) -> str:
+    """The engines the ingress calls: decode, or the aggregated ones."""
+    return "aggregated" if settings.serving_mode == "aggregated" else DECODE
+
+
+def ingress_replicas() -> int:
+    replicas: int = application_data()["ingress"]["deployment_config"]["num_replicas"]
+    return replicas
 
 
 # vLLM reads the KV cache layout from this variable (vllm/envs.py); its Ray workers copy it.
@@ -130,7 +215,7 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
     # A NIXL engine id of its own for each start of the engine (ray_pods/nixl_incarnation.py).
     config["callback_config"] = {"callback_class": NIXL_INCARNATION_CALLBACK}
     config["deployment_config"] = {
-        "num_replicas": replicas(settings, side),
+        **deployment_config(settings, side),
         **data["sides"][side].get("deployment_config", {}),
     }
     if data["sides"][side]["experimental_configs"]:
@@ -151,7 +236,7 @@ def aggregated_llm_config(settings: Settings) -> dict[str, Any]:
         config["experimental_configs"] = {"stream_batching_interval_ms": interval}
     for bundle in config["placement_group_config"]["bundles"]:
         bundle.pop(PREFILL, None)
-    config["deployment_config"] = {"num_replicas": settings.prefill_replicas + settings.decode_replicas}
+    config["deployment_config"] = deployment_config(settings, "aggregated")
     return config
 
 
@@ -167,12 +252,22 @@ def serve_application(settings: Settings) -> dict[str, Any]:
     ingress = ingress_cls_config(settings)
     if ingress is not None:
         app["args"]["ingress_cls_config"] = ingress
+    app["args"]["ingress_deployment_config"] = ingress_deployment_config(settings)
     return app
 
 
 def serve_config(settings: Settings) -> dict[str, Any]:
-    """The document serveConfigV2 holds (Ray Serve's ServeDeploySchema)."""
-    return {"applications": [serve_application(settings)]}
+    """The document serveConfigV2 holds (Ray Serve's ServeDeploySchema).
+
+    Serve's proxy ends a request, a stream included, after request_timeout_s: 408 when nothing
+    was sent yet, a cut stream otherwise (serve/_private/proxy_response_generator.py). Serve
+    applies http_options when it starts, so a changed timeout reaches a running cluster only
+    with its next Serve start (serve_head.py validate_http_options warns).
+    """
+    return {
+        "http_options": {"request_timeout_s": settings.request_timeout_seconds},
+        "applications": [serve_application(settings)],
+    }
 
 
 def serve_config_v2(settings: Settings) -> str:
@@ -251,11 +346,17 @@ def rayservice(
     if reads_s3:
         head_pod["serviceAccountName"] = RAY_SERVICE_ACCOUNT
     template = cluster.pop("workerGroupTemplate")
+    ingress_template = cluster.pop("ingressGroupTemplate")
+    autoscaler = cluster.pop("autoscalerOptions")
+    if settings.any_autoscaling:
+        cluster["enableInTreeAutoscaling"] = True
+        cluster["autoscalerOptions"] = {**autoscaler, "idleTimeoutSeconds": settings.ray_worker_idle_timeout_seconds}
     groups = []
     for side in SIDES:
         group = copy.deepcopy(template)
-        count = replicas(settings, side)
-        group.update({"groupName": side, "replicas": count, "minReplicas": count, "maxReplicas": count})
+        # One pod per replica: the group's bounds are the side's.
+        low, high = replicas(settings, side), settings.side_max_replicas(side)
+        group.update({"groupName": side, "replicas": low, "minReplicas": low, "maxReplicas": high})
         # The custom resource each side's placement bundles ask for, in the form
         # KubeRay writes itself: single-quoted JSON. KubeRay parses it by trimming
         # quotes and a strict JSON parse, and pastes it into `ray start
@@ -302,6 +403,7 @@ def rayservice(
         container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
         mount_ray_pods_code(settings, pod, container)
         groups.append(group)
+    groups.append(_ingress_group(settings, ingress_template, system_node_labels, reads_s3=reads_s3))
     cluster["workerGroupSpecs"] = groups
     for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in groups)):
         template["metadata"].setdefault("annotations", {})[RAY_PODS_CODE_ANNOTATION] = ray_pods_digest()
@@ -322,8 +424,30 @@ def rayservice(
     return doc
 
 
+def _ingress_group(
+    settings: Settings, template: dict[str, Any], system_node_labels: dict[str, str], *, reads_s3: bool
+) -> dict[str, Any]:
+    """The ingress's worker group on the system nodes: a fixed size, one pod per ingress replica."""
+    group = copy.deepcopy(template)
+    count = ingress_replicas()
+    group.update({"groupName": INGRESS_GROUP, "replicas": count, "minReplicas": count, "maxReplicas": count})
+    group["rayStartParams"]["resources"] = f"'{json.dumps({INGRESS_GROUP: 1})}'"
+    group["template"]["metadata"] = {"labels": pod_labels(settings)}
+    pod = group["template"]["spec"]
+    pod["nodeSelector"] = dict(system_node_labels)
+    container = pod["containers"][0]
+    container["image"] = settings.ray_image
+    if reads_s3:
+        pod["serviceAccountName"] = RAY_SERVICE_ACCOUNT
+    mount_ray_pods_code(settings, pod, container)
+    return group
+
+
 def _pod_templates(cluster: dict[str, Any]) -> list[dict[str, Any]]:
     return [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+
+
+REPLICA_BOUND_FIELDS = ("replicas", "minReplicas", "maxReplicas")
 
 
 def cluster_config_hash(rayservice: dict[str, Any]) -> str:
@@ -335,6 +459,17 @@ def cluster_config_hash(rayservice: dict[str, Any]) -> str:
     cluster = copy.deepcopy(rayservice["spec"]["rayClusterConfig"])
     for pod_template in _pod_templates(cluster):
         pod_template.setdefault("metadata", {}).setdefault("labels", {})[CLUSTER_CONFIG_LABEL] = ""
+    # Under Ray's autoscaler the replica bounds are left out, as KubeRay leaves replicas, minReplicas
+    # and maxReplicas out of its own hash (rayservice_controller.go,
+    # generateHashWithoutReplicasAndWorkersToDelete): a changed bound must not rebuild a running
+    # cluster. KubeRay does not copy them into the running RayCluster either (shouldUpdateCluster
+    # stops at an equal hash), so a new bound reaches Serve at once and Ray's autoscaler at the
+    # cluster's next rebuild (README "Scaling"). Without the autoscaler nothing but a rebuild would
+    # start the pods of a new fixed count: there they stay in.
+    if cluster.get("enableInTreeAutoscaling"):
+        for group in cluster.get("workerGroupSpecs", []):
+            for bound in REPLICA_BOUND_FIELDS:
+                group.pop(bound, None)
     text = json.dumps(cluster, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -209,10 +209,18 @@ def ray_workloads(rayservice: Mapping[str, Any]) -> list[Workload]:
         return {**ours, **kuberay, "ray.io/is-ray-node": "yes"}
 
     head = cluster["headGroupSpec"]["template"]
+    head_spec = head["spec"]
+    if cluster.get("enableInTreeAutoscaling"):
+        # KubeRay adds the autoscaler container to the head pod, with autoscalerOptions' resources
+        # (its own default when none: 500m CPU, 512Mi; common/pod.go, BuildAutoscalerContainer).
+        default = {"cpu": "500m", "memory": "512Mi"}
+        resources = cluster.get("autoscalerOptions", {}).get("resources") or {"requests": default, "limits": default}
+        head_spec = {
+            **head_spec,
+            "containers": [*head_spec["containers"], {"name": "autoscaler", "resources": resources}],
+        }
     found = [
-        Workload(
-            f"{name}/head", "RayService", head["spec"], namespace=namespace, labels=labels(head, "head", "headgroup")
-        )
+        Workload(f"{name}/head", "RayService", head_spec, namespace=namespace, labels=labels(head, "head", "headgroup"))
     ]
     for group in cluster.get("workerGroupSpecs", []):
         template = group["template"]

@@ -85,7 +85,7 @@ def test_the_in_place_path_leaves_stale_pods_without_the_job() -> None:
         cluster.labels[serve_config.CLUSTER_CONFIG_LABEL]
         == new["metadata"]["labels"][serve_config.CLUSTER_CONFIG_LABEL]
     )
-    assert len(kuberay_paths.stale_pods(state, new)) == len(state.of("Pod")) == 3
+    assert len(kuberay_paths.stale_pods(state, new)) == len(state.of("Pod")) == 4  # head, prefill, decode, ingress
 
 
 @pytest.mark.parametrize("overrides", [{}, SERVE_CHANGE], ids=["operator upgrade alone", "serve-only change"])
@@ -104,7 +104,7 @@ def test_every_ray_pod_carries_the_cluster_config_hash(rayservice: dict[str, Any
     config_hash = rayservice["metadata"]["labels"][serve_config.CLUSTER_CONFIG_LABEL]
     cluster = rayservice["spec"]["rayClusterConfig"]
     templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
-    assert [t["metadata"]["labels"][serve_config.CLUSTER_CONFIG_LABEL] for t in templates] == [config_hash] * 3
+    assert [t["metadata"]["labels"][serve_config.CLUSTER_CONFIG_LABEL] for t in templates] == [config_hash] * 4
 
 
 def test_the_hash_is_not_computed_over_itself(rayservice: dict[str, Any]) -> None:

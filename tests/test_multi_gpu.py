@@ -94,7 +94,9 @@ def _gpu_nodegroup(template: dict[str, Any]) -> dict[str, Any]:
 
 
 def _groups(rayservice: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {g["groupName"]: g for g in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    """The GPU worker groups (the ingress group is on the system nodes)."""
+    groups = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    return {g["groupName"]: g for g in groups if g["groupName"] in (PREFILL, DECODE)}
 
 
 def _args(rayservice: dict[str, Any]) -> dict[str, Any]:

@@ -57,7 +57,13 @@ def test_every_pod_lands_where_it_must_and_fits(overrides: dict[str, Any]) -> No
     for daemonset in DEVICE_PLUGIN_DAEMONSETS:
         assert set(result.placed[daemonset]) == gpu_nodes, f"{daemonset} must run on every GPU node and nowhere else"
 
-    on_system = [f"Deployment/{KUBERAY_OPERATOR.release}", f"{SERVICE}/head", "Deployment/coredns"]
+    # The OpenAI ingress's worker group is on the system nodes: no GPU node is pinned by it.
+    on_system = [
+        f"Deployment/{KUBERAY_OPERATOR.release}",
+        f"{SERVICE}/head",
+        f"{SERVICE}/ingress",
+        "Deployment/coredns",
+    ]
     if "hf_token_secret_name" in overrides:
         on_system += [f"Deployment/{EXTERNAL_SECRETS.release}", f"Deployment/{EXTERNAL_SECRETS.release}-webhook"]
     if "internal_endpoint_cidrs" in overrides:
@@ -68,6 +74,17 @@ def test_every_pod_lands_where_it_must_and_fits(overrides: dict[str, Any]) -> No
     workers = result.placed[f"{SERVICE}/{PREFILL}"] + result.placed[f"{SERVICE}/{DECODE}"]
     assert sorted(workers) == sorted(gpu_nodes), "exactly one Ray worker per GPU node"
     assert set(result.placed[f"{SERVICE}/{PREFILL}"]).isdisjoint(result.placed[f"{SERVICE}/{DECODE}"])
+
+
+SCALING = {"decode_max_replicas": 3, "decode_target_ongoing_requests": 8, **VARIANTS["everything"]}
+
+
+def test_with_ray_autoscaler_the_head_holds_its_container_and_the_ingress_stays_on_system_nodes() -> None:
+    result = placed(**SCALING)
+    assert result.failures == []
+    system = _group(result, "system")
+    for name in (f"{SERVICE}/head", f"{SERVICE}/ingress"):
+        assert result.placed[name] and result.groups_of(name) == {system}, name
 
 
 BEFORE_135 = [v for v in KUBERNETES_VERSIONS if int(v.split(".")[1]) < 35]

@@ -28,16 +28,26 @@ def test_a_serve_setting_change_is_a_small_line_diff() -> None:
     after = review.kubernetes_review(synth(max_model_len="4096")).splitlines()
     changed = [line for line in difflib.unified_diff(before, after, lineterm="", n=0) if line[:1] in "+-"]
     changed = [line for line in changed if not line.startswith(("+++", "---"))]
-    # One line out and one in for each side's max_model_len, and for prefill's step
-    # (a whole prompt per step, settings/sizing.py): nothing else moves.
-    assert len(changed) == 6, changed
+    # One line out and one in for each side's max_model_len, and for prefill's step (a whole prompt
+    # per step, settings/sizing.py); and prefill's admission bounds and drain, which sizing derives
+    # from the step (a smaller activation peak leaves more KV cache) and the longest prefill: nothing
+    # else moves.
+    assert len(changed) == 14, changed
     assert sorted(line[0] + line[1:].strip() for line in changed) == [
+        "+graceful_shutdown_timeout_s: 74.0",
+        "+graceful_shutdown_wait_loop_s: 37.0",
         "+max_model_len: 4096",
         "+max_model_len: 4096",
         "+max_num_batched_tokens: 4096",
+        "+max_ongoing_requests: 13",
+        "+max_queued_requests: 13",
+        "-graceful_shutdown_timeout_s: 78.0",
+        "-graceful_shutdown_wait_loop_s: 39.0",
         "-max_model_len: 8192",
         "-max_model_len: 8192",
         "-max_num_batched_tokens: 8192",
+        "-max_ongoing_requests: 12",
+        "-max_queued_requests: 12",
     ]
 
 

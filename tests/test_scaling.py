@@ -9,9 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
+import serve_config
+from serve_config.checks import kuberay_resources, problems
 from settings import Settings, SettingsError, sizing, validate
-from tests.conftest import PROJECT_CONTEXT
+from tests.conftest import PROJECT_CONTEXT, rayservice_from, require_serve_deps, shared_file, synth
+from tests.kuberay_schema import validation_errors
+
+serve = pytest.mark.serve
+one_ray = pytest.mark.xdist_group("ray")
+CRD = "kuberay-v1.7.0/ray.io_rayservices.yaml"
 
 RANGE: dict[str, Any] = {"decode_max_replicas": 3, "decode_target_ongoing_requests": 8}
 P5: dict[str, Any] = {
@@ -109,3 +117,228 @@ def test_the_drain_covers_the_longest_generation_and_prefills_kv_lease() -> None
     wait, timeout = sizing.graceful_shutdown(s, "prefill")
     longest = sizing.prefill_seconds(s, s.max_model_len, mfu=sizing.PREFILL_MFU_RANGE[0])
     assert wait >= sizing.PREFILL_KV_LEASE_S + longest and timeout >= 2 * wait
+
+
+# --- The serve config: num_replicas or autoscaling_config, bounded queues, the drain ---------------
+SIDE_RANGES: dict[str, Any] = {
+    **RANGE,
+    "prefill_max_replicas": 2,
+    "prefill_target_ongoing_requests": 2,
+    "request_timeout_seconds": 900,
+}
+
+
+def _args(rayservice: dict[str, Any]) -> dict[str, Any]:
+    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+    args: dict[str, Any] = app["args"]
+    return args
+
+
+def _serve_doc(rayservice: dict[str, Any]) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    return doc
+
+
+def test_on_the_defaults_each_side_is_fixed_with_bounded_queues(rayservice: dict[str, Any]) -> None:
+    args = _args(rayservice)
+    for side, ongoing in (("prefill", 12), ("decode", 13)):
+        config = args[f"{side}_config"]["deployment_config"]
+        assert config["num_replicas"] == 1 and "autoscaling_config" not in config
+        assert (config["max_ongoing_requests"], config["max_queued_requests"]) == (ongoing, ongoing)
+        assert config["backpressure_config"] == {"status_code": 503, "retry_after_s": 10}
+    assert args["decode_config"]["deployment_config"]["graceful_shutdown_timeout_s"] == 605
+    prefill = args["prefill_config"]["deployment_config"]
+    assert prefill["graceful_shutdown_wait_loop_s"] >= sizing.PREFILL_KV_LEASE_S
+    assert _serve_doc(rayservice)["http_options"] == {"request_timeout_s": 600}
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is False and "autoscalerOptions" not in cluster
+
+
+def test_a_range_emits_autoscaling_config_and_never_num_replicas() -> None:
+    args = _args(rayservice_from(synth(**SIDE_RANGES)))
+    for side, (low, high, target) in {"prefill": (1, 2, 2), "decode": (1, 3, 8)}.items():
+        config = args[f"{side}_config"]["deployment_config"]
+        assert "num_replicas" not in config
+        assert config["autoscaling_config"] == {
+            "min_replicas": low,
+            "max_replicas": high,
+            "target_ongoing_requests": target,
+        }
+    assert args["decode_config"]["deployment_config"]["graceful_shutdown_timeout_s"] == 905
+    # The ingress passes on everything decode holds at its maximum: three replicas and one queue.
+    assert args["ingress_deployment_config"]["max_ongoing_requests"] == 13 * 3 + 13
+
+
+def test_aggregated_mode_scales_its_one_deployment_over_the_sides_summed() -> None:
+    args = _args(rayservice_from(synth(**SIDE_RANGES, serving_mode="aggregated")))
+    (config,) = args["llm_configs"]
+    assert config["deployment_config"]["autoscaling_config"] == {
+        "min_replicas": 2,
+        "max_replicas": 5,
+        "target_ongoing_requests": 8,
+    }
+    assert "num_replicas" not in config["deployment_config"]
+
+
+def test_the_ingress_lives_on_the_ingress_group(rayservice: dict[str, Any]) -> None:
+    ingress = _args(rayservice)["ingress_deployment_config"]
+    assert ingress["num_replicas"] == 1
+    assert ingress["ray_actor_options"]["resources"] == {serve_config.INGRESS_GROUP: 1}
+    groups = {g["groupName"]: g for g in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    group = groups[serve_config.INGRESS_GROUP]
+    assert group["template"]["spec"]["nodeSelector"] == {"role": "system"}
+    assert "tolerations" not in group["template"]["spec"]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 1)
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert serve_config.GPU_RESOURCE not in limits and serve_config.EFA_RESOURCE not in limits
+
+
+@serve
+@pytest.mark.parametrize("overrides", [{}, SIDE_RANGES, {**SIDE_RANGES, "serving_mode": "aggregated"}])
+def test_serve_deploy_schema_accepts_every_deployment_config(overrides: dict[str, Any]) -> None:
+    require_serve_deps()
+    from ray.serve.schema import ServeDeploySchema
+
+    doc = _serve_doc(rayservice_from(synth(**overrides)))
+    schema = ServeDeploySchema.model_validate(doc)
+    assert schema.http_options.request_timeout_s == doc["http_options"]["request_timeout_s"]
+
+
+def _built(args: dict[str, Any], aggregated: bool) -> dict[str, Any]:
+    from ray.serve._private.build_app import build_app
+    from ray.serve.llm import build_openai_app, build_pd_openai_app
+
+    app = build_openai_app(args) if aggregated else build_pd_openai_app(args)
+    return {d.name: d for d in build_app(app, name="llm").deployments}
+
+
+@serve
+@one_ray
+def test_rays_builder_keeps_the_bounds_and_merges_no_1e9_target(local_ray: None) -> None:
+    """Ray LLM deep-merges its defaults (target_ongoing_requests 1e9, max_ongoing_requests 1e9) into
+    each deployment's options: what the built deployments carry is ours, for every deployment."""
+    deployments = _built(_args(rayservice_from(synth(**SIDE_RANGES))), aggregated=False)
+    (prefill,) = [d for n, d in deployments.items() if n.startswith("Prefill:")]
+    (decode,) = [d for n, d in deployments.items() if n.startswith("Decode:")]
+    (ingress,) = [d for n, d in deployments.items() if not n.startswith(("Prefill:", "Decode:"))]
+    for deployment, (low, high, target, ongoing) in ((prefill, (1, 2, 2, 12)), (decode, (1, 3, 8, 13))):
+        config = deployment._deployment_config
+        scaling = config.autoscaling_config
+        assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (low, high, target)
+        assert (config.max_ongoing_requests, config.max_queued_requests) == (ongoing, ongoing)
+        assert config.backpressure_config.retry_after_s == 10
+    assert prefill._deployment_config.graceful_shutdown_wait_loop_s >= sizing.PREFILL_KV_LEASE_S
+    config = ingress._deployment_config
+    assert config.num_replicas == 1 and config.autoscaling_config is None
+    assert config.max_ongoing_requests == 52 and config.max_queued_requests == 13
+    assert ingress._replica_config.ray_actor_options["resources"] == {serve_config.INGRESS_GROUP: 1}
+
+
+@serve
+@one_ray
+def test_rays_builder_keeps_fixed_sizes_fixed(rayservice: dict[str, Any], local_ray: None) -> None:
+    for name, deployment in _built(_args(rayservice), aggregated=False).items():
+        config = deployment._deployment_config
+        assert config.autoscaling_config is None and config.num_replicas == 1, name
+        assert config.max_ongoing_requests < 10**6 and config.max_queued_requests > 0, name
+
+
+@serve
+@one_ray
+def test_rays_builder_scales_the_aggregated_deployment(local_ray: None) -> None:
+    deployments = _built(_args(rayservice_from(synth(**SIDE_RANGES, serving_mode="aggregated"))), aggregated=True)
+    engines = [d for d in deployments.values() if d._replica_config.placement_group_bundles]
+    (engine,) = engines
+    scaling = engine._deployment_config.autoscaling_config
+    assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (2, 5, 8)
+
+
+# --- The Ray cluster: the in-tree autoscaler, its groups, both parsers, the hash -------------------
+def _ray_cluster(rayservice: dict[str, Any]) -> dict[str, Any]:
+    """The RayCluster KubeRay makes for the RayService: its rayClusterConfig as the spec."""
+    return {"metadata": {"name": "pd-llm-abcde", "namespace": "llm"}, "spec": rayservice["spec"]["rayClusterConfig"]}
+
+
+def test_a_range_turns_on_the_in_tree_autoscaler_with_each_groups_bounds() -> None:
+    doc = rayservice_from(synth(**SIDE_RANGES, ray_worker_idle_timeout_seconds=120))
+    cluster = doc["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"]["idleTimeoutSeconds"] == 120
+    bounds = {g["groupName"]: (g["replicas"], g["minReplicas"], g["maxReplicas"]) for g in cluster["workerGroupSpecs"]}
+    assert bounds == {"prefill": (1, 1, 2), "decode": (1, 1, 3), serve_config.INGRESS_GROUP: (1, 1, 1)}
+    assert problems(doc) == []
+    assert validation_errors(doc, shared_file(CRD)) == []
+
+
+@serve
+@pytest.mark.parametrize("overrides", [{}, SIDE_RANGES], ids=["fixed", "ranges"])
+def test_rays_autoscaler_reads_each_groups_resource_and_bounds(overrides: dict[str, Any]) -> None:
+    """Ray's autoscaler for KubeRay parses rayStartParams.resources with its own parser (drop the first and
+    last character, strip backslashes, JSON), not KubeRay's: both must find exactly the side's resource."""
+    require_serve_deps()
+    from ray.autoscaler._private.kuberay import autoscaling_config
+
+    doc = rayservice_from(synth(**overrides))
+    groups = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    for group in groups:
+        name, params = group["groupName"], group["rayStartParams"]
+        assert autoscaling_config._get_custom_resources(group.get("resources", {}), params, name) == {name: 1}
+        assert kuberay_resources(params["resources"]) == {name: 1.0}
+    derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(_ray_cluster(doc))
+    for group in groups:
+        node_type = derived["available_node_types"][group["groupName"]]
+        assert node_type["resources"][group["groupName"]] == 1
+        assert (node_type["min_workers"], node_type["max_workers"]) == (group["minReplicas"], group["maxReplicas"])
+    assert (
+        derived["idle_timeout_minutes"]
+        == doc["spec"]["rayClusterConfig"].get("autoscalerOptions", {}).get("idleTimeoutSeconds", 60) / 60
+    )
+
+
+@serve
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_a_pending_bundle_makes_rays_autoscaler_add_a_worker_of_exactly_its_group(side: str) -> None:
+    """Ray's bin packing (resource_demand_scheduler.get_nodes_for) on the node types it derives from the
+    RayCluster: a replica's pending bundle, as Ray LLM builds it, launches one pod of the side's group."""
+    require_serve_deps()
+    from ray.autoscaler._private.kuberay import autoscaling_config
+    from ray.autoscaler._private.node_provider_availability_tracker import NodeAvailabilitySummary
+    from ray.autoscaler._private.resource_demand_scheduler import _resource_based_utilization_scorer, get_nodes_for
+
+    doc = rayservice_from(synth(**SIDE_RANGES))
+    derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(_ray_cluster(doc))
+    (bundle,) = _args(doc)[f"{side}_config"]["placement_group_config"]["bundles"]
+    summary = NodeAvailabilitySummary(node_availabilities={})
+
+    def scorer(node: dict[str, float], demands: list[dict[str, float]], _: str) -> Any:
+        return _resource_based_utilization_scorer(node, demands, node_availability_summary=summary)
+
+    existing = {g["groupName"]: g["minReplicas"] for g in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    added, left = get_nodes_for(derived["available_node_types"], existing, "headgroup", 10, [bundle], scorer)
+    assert dict(added) == {side: 1} and left == []
+    # And the ingress replica, pending, would get an ingress pod: never a GPU worker.
+    added, left = get_nodes_for(
+        derived["available_node_types"], {}, "headgroup", 10, [{"CPU": 1, serve_config.INGRESS_GROUP: 1}], scorer
+    )
+    assert dict(added) == {serve_config.INGRESS_GROUP: 1} and left == []
+
+
+def test_a_changed_bound_keeps_the_cluster_hash_and_anything_else_changes_it() -> None:
+    base = rayservice_from(synth(**SIDE_RANGES))
+    wider = rayservice_from(synth(**{**SIDE_RANGES, "decode_max_replicas": 4}))
+    label = serve_config.CLUSTER_CONFIG_LABEL
+    assert wider["metadata"]["labels"][label] == base["metadata"]["labels"][label]
+    assert wider["spec"]["rayClusterConfig"] != base["spec"]["rayClusterConfig"]
+    # Turning the autoscaler on is a cluster change: the head gains its container.
+    fixed = rayservice_from(synth())
+    assert fixed["metadata"]["labels"][label] != base["metadata"]["labels"][label]
+    idle = rayservice_from(synth(**{**SIDE_RANGES, "ray_worker_idle_timeout_seconds": 300}))
+    assert idle["metadata"]["labels"][label] != base["metadata"]["labels"][label]
+
+
+def test_without_the_autoscaler_a_new_fixed_count_still_rebuilds_the_cluster() -> None:
+    """KubeRay never copies replica fields into a running RayCluster: a fixed count takes effect only
+    through the recreate Job, so there the count stays in the hash."""
+    label = serve_config.CLUSTER_CONFIG_LABEL
+    one, two = rayservice_from(synth()), rayservice_from(synth(decode_replicas=2))
+    assert one["metadata"]["labels"][label] != two["metadata"]["labels"][label]

@@ -39,7 +39,7 @@ def _args(rayservice: dict[str, Any]) -> dict[str, Any]:
 def test_application_runs_build_pd_openai_app(rayservice: dict[str, Any]) -> None:
     (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
     assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
-    assert set(app["args"]) == {"prefill_config", "decode_config"}
+    assert set(app["args"]) == {"prefill_config", "decode_config", "ingress_deployment_config"}
 
 
 @pytest.mark.parametrize("side", ["prefill", "decode"])
@@ -390,7 +390,7 @@ def test_aggregated_mode_runs_build_openai_app_without_kv_transfer() -> None:
     (config,) = app["args"]["llm_configs"]
     assert "kv_transfer_config" not in config["engine_kwargs"]
     assert config["placement_group_config"]["bundles"] == [{"CPU": 4, "GPU": 1}]
-    assert config["deployment_config"] == {"num_replicas": 2}
+    assert config["deployment_config"]["num_replicas"] == 2 and "autoscaling_config" not in config["deployment_config"]
     assert problems(doc) == []
     # Everything else is the same RayService: switching mode does not rebuild the Ray cluster.
     default = rayservice_from(synth())
