@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from serve_config import checks
+from serve_config import checks, deployments
 from serve_config.checks import DECODE as DECODE
 from serve_config.checks import PREFILL as PREFILL
 from serve_config.checks import SIDES as SIDES
@@ -91,84 +91,15 @@ def replicas(settings: Settings, side: str) -> int:
     return settings.side_replicas(side)
 
 
-# Past a deployment's queue bound Serve answers this (503 or 429, serve/config.py BackpressureConfig);
-# 429 is the key rate limit's (ray_pods/api_keys.py): 503 says the service, not the caller, is full.
-BACKPRESSURE_STATUS = 503
-
-
-def _bounds(settings: Settings, side: str) -> tuple[int, int, float | None]:
-    """(minimum, maximum, target) of a side, or of aggregated mode's one deployment: the sides summed,
-    scaling toward decode's target (prefill's when only prefill has a range)."""
-    if side != "aggregated":
-        target = settings.side_target_ongoing_requests(side)
-        return settings.side_replicas(side), settings.side_max_replicas(side), target
-    low = settings.prefill_replicas + settings.decode_replicas
-    high = settings.side_max_replicas(PREFILL) + settings.side_max_replicas(DECODE)
-    target = settings.decode_target_ongoing_requests or settings.prefill_target_ongoing_requests
-    return low, high, target
-
-
-def _queue_bounds(settings: Settings, *, ongoing: int, queued: int) -> dict[str, Any]:
-    return {
-        "max_ongoing_requests": ongoing,
-        "max_queued_requests": queued,
-        "backpressure_config": {
-            "status_code": BACKPRESSURE_STATUS,
-            "retry_after_s": settings.backpressure_retry_after_seconds,
-        },
-    }
-
-
-def deployment_config(settings: Settings, side: str) -> dict[str, Any]:
-    """Serve's options for one engine deployment ('prefill', 'decode' or 'aggregated').
-
-    Either num_replicas or autoscaling_config, never both: Ray LLM deep-merges its own
-    autoscaling_config (target_ongoing_requests 1e9) into the options unless num_replicas is
-    set (ray/llm/_internal/common/dict_utils.py), so an autoscaling_config here always names
-    its target. The bounds and the drain come from settings/sizing.py.
-    """
-    low, high, target = _bounds(settings, side)
-    config: dict[str, Any]
-    if high > low:
-        config = {"autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": target}}
-    else:
-        config = {"num_replicas": low}
-    config.update(
-        _queue_bounds(
-            settings,
-            ongoing=sizing.max_ongoing_requests(settings, side),
-            queued=sizing.max_queued_requests(settings, side),
-        )
-    )
-    wait, timeout = sizing.graceful_shutdown(settings, side)
-    if side == PREFILL:
-        config["graceful_shutdown_wait_loop_s"] = wait
-    config["graceful_shutdown_timeout_s"] = timeout
-    return config
-
-
 # The custom resource the ingress worker group advertises and the ingress replica asks for.
 INGRESS_GROUP = "ingress"
 
 
-def ingress_deployment_config(settings: Settings) -> dict[str, Any]:
-    """The OpenAI ingress's Serve options: its home on the ingress worker group (pd_application.yaml),
-    and queue bounds that pass on everything the engines behind it can hold or queue."""
+def ingress_deployment_config() -> dict[str, Any]:
+    """The OpenAI ingress's structural Serve options in the builder's args: one replica, its home on the
+    ingress worker group (pd_application.yaml). Its bounds and drain are in `deployments`."""
     config: dict[str, Any] = application_data()["ingress"]["deployment_config"]
-    config.update(
-        _queue_bounds(
-            settings,
-            ongoing=sizing.ingress_max_ongoing_requests(settings),
-            queued=sizing.max_queued_requests(settings, _client_facing(settings)),
-        )
-    )
-    config["graceful_shutdown_timeout_s"] = sizing.graceful_shutdown(settings, INGRESS_GROUP)[1]
     return config
-
-
-def _client_facing(settings: Settings) -> str:
-    """The engines the ingress calls: decode, or the aggregated ones."""
-    return "aggregated" if settings.serving_mode == "aggregated" else DECODE
 
 
 def ingress_replicas() -> int:
@@ -214,10 +145,11 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
     config["accelerator_type"] = settings.gpu_instance.ray_accelerator_type
     # A NIXL engine id of its own for each start of the engine (ray_pods/nixl_incarnation.py).
     config["callback_config"] = {"callback_class": NIXL_INCARNATION_CALLBACK}
-    config["deployment_config"] = {
-        **deployment_config(settings, side),
-        **data["sides"][side].get("deployment_config", {}),
-    }
+    # Serve's replica, queue and drain options are in the application's `deployments`
+    # (serve_config/deployments.py): here, only what never changes with a bound.
+    fixed = data["sides"][side].get("deployment_config")
+    if fixed:
+        config["deployment_config"] = fixed
     if data["sides"][side]["experimental_configs"]:
         config["experimental_configs"] = data["sides"][side]["experimental_configs"]
     return config
@@ -236,7 +168,7 @@ def aggregated_llm_config(settings: Settings) -> dict[str, Any]:
         config["experimental_configs"] = {"stream_batching_interval_ms": interval}
     for bundle in config["placement_group_config"]["bundles"]:
         bundle.pop(PREFILL, None)
-    config["deployment_config"] = deployment_config(settings, "aggregated")
+    config.pop("deployment_config", None)
     return config
 
 
@@ -252,7 +184,8 @@ def serve_application(settings: Settings) -> dict[str, Any]:
     ingress = ingress_cls_config(settings)
     if ingress is not None:
         app["args"]["ingress_cls_config"] = ingress
-    app["args"]["ingress_deployment_config"] = ingress_deployment_config(settings)
+    app["args"]["ingress_deployment_config"] = ingress_deployment_config()
+    app["deployments"] = deployments.serve_deployments(settings)
     return app
 
 

@@ -24,6 +24,7 @@ import yaml
 
 from cdk_constructs.gpu_nodes import network_interface_layout
 from serve_config import DECODE, EFA_RESOURCE, GPU_RESOURCE, KV_LAYOUT_ENV, PREFILL, SIDES, worker_resources
+from serve_config.deployments import options_of
 from settings import Settings, SettingsError, settings_from_cli, sizing
 from settings.catalog import INSTANCE_TYPES, MODELS
 from settings.model import TENSOR_PARALLEL_SIZES, validate
@@ -246,7 +247,8 @@ def test_rays_builder_places_each_replica_on_its_tp_groups_bundles(name: str, lo
     from ray.serve.llm import LLMConfig, build_pd_openai_app
 
     settings = _settings(name)
-    args = _args(rayservice_from(synth(**CONFIGS[name])))
+    rayservice = rayservice_from(synth(**CONFIGS[name]))
+    args = _args(rayservice)
     for side in SIDES:
         LLMConfig.model_validate(args[f"{side}_config"])
     built = build_app(build_pd_openai_app(copy.deepcopy(args)), name="llm")
@@ -258,7 +260,9 @@ def test_rays_builder_places_each_replica_on_its_tp_groups_bundles(name: str, lo
         assert sum(b.get("GPU", 0) for b in bundles) == settings.tensor_parallel_size(side)
         assert bundles[0].get(side) == 1
         assert found._replica_config.placement_group_strategy == "STRICT_PACK"
-        assert found.num_replicas == settings.side_replicas(side)
+        # Serve applies the application's `deployments` list to the deployment the builder named.
+        (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+        assert options_of(app, found.name)["num_replicas"] == settings.side_replicas(side)
 
 
 @pytest.mark.parametrize("name", IDS)

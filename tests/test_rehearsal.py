@@ -181,7 +181,7 @@ def test_serve_retries_a_failed_decode_start_ten_times_by_rays_own_rule(
     monkeypatch.setattr(deployment_state, "MAX_PER_REPLICA_RETRY_COUNT", per_replica)
     args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
     for side in ("decode", "prefill"):
-        given = args[f"{side}_config"]["deployment_config"]
+        given = args[f"{side}_config"].get("deployment_config", {})
         config = DeploymentConfig(**given)
         # DeploymentConfig ignores a key it does not know: what the product sets must come back out.
         assert config.max_constructor_retry_count == given.get("max_constructor_retry_count", 20), side

@@ -139,45 +139,64 @@ def _serve_doc(rayservice: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def _options(rayservice: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The application's `deployments` list by name, with Serve's names shortened to their kind."""
+    (app,) = _serve_doc(rayservice)["applications"]
+    kinds = {"Prefill:": "prefill", "Decode:": "decode", "LLMServer:": "aggregated"}
+    found = {}
+    for entry in app["deployments"]:
+        kind = next((k for prefix, k in kinds.items() if entry["name"].startswith(prefix)), "ingress")
+        found[kind] = {k: v for k, v in entry.items() if k != "name"}
+    return found
+
+
 def test_on_the_defaults_each_side_is_fixed_with_bounded_queues(rayservice: dict[str, Any]) -> None:
-    args = _args(rayservice)
+    options = _options(rayservice)
     for side, ongoing in (("prefill", 12), ("decode", 13)):
-        config = args[f"{side}_config"]["deployment_config"]
-        assert config["num_replicas"] == 1 and "autoscaling_config" not in config
+        config = options[side]
+        assert config["num_replicas"] == 1 and config["autoscaling_config"] is None
         assert (config["max_ongoing_requests"], config["max_queued_requests"]) == (ongoing, ongoing)
         assert config["backpressure_config"] == {"status_code": 503, "retry_after_s": 10}
-    assert args["decode_config"]["deployment_config"]["graceful_shutdown_timeout_s"] == 605
-    prefill = args["prefill_config"]["deployment_config"]
-    assert prefill["graceful_shutdown_wait_loop_s"] >= sizing.PREFILL_KV_LEASE_S
+    assert options["decode"]["graceful_shutdown_timeout_s"] == 605
+    assert options["prefill"]["graceful_shutdown_wait_loop_s"] >= sizing.PREFILL_KV_LEASE_S
     assert _serve_doc(rayservice)["http_options"] == {"request_timeout_s": 600}
     cluster = rayservice["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is False and "autoscalerOptions" not in cluster
 
 
+def test_no_replica_or_queue_option_is_in_the_builders_args(rayservice: dict[str, Any]) -> None:
+    """Serve hashes the args into every deployment's code version: a bound there would restart every replica."""
+    moved = {"num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests"}
+    for args in (_args(rayservice), _args(rayservice_from(synth(**SIDE_RANGES)))):
+        for side in ("prefill", "decode"):
+            assert not moved & set(args[f"{side}_config"].get("deployment_config", {})), side
+        assert set(args["ingress_deployment_config"]) == {"num_replicas", "ray_actor_options"}
+
+
 def test_a_range_emits_autoscaling_config_and_never_num_replicas() -> None:
-    args = _args(rayservice_from(synth(**SIDE_RANGES)))
+    options = _options(rayservice_from(synth(**SIDE_RANGES)))
     for side, (low, high, target) in {"prefill": (1, 2, 2), "decode": (1, 3, 8)}.items():
-        config = args[f"{side}_config"]["deployment_config"]
-        assert "num_replicas" not in config
+        config = options[side]
+        assert config["num_replicas"] is None
         assert config["autoscaling_config"] == {
             "min_replicas": low,
             "max_replicas": high,
             "target_ongoing_requests": target,
         }
-    assert args["decode_config"]["deployment_config"]["graceful_shutdown_timeout_s"] == 905
+    assert options["decode"]["graceful_shutdown_timeout_s"] == 905
     # The ingress passes on everything decode holds at its maximum: three replicas and one queue.
-    assert args["ingress_deployment_config"]["max_ongoing_requests"] == 13 * 3 + 13
+    assert options["ingress"]["max_ongoing_requests"] == 13 * 3 + 13
 
 
 def test_aggregated_mode_scales_its_one_deployment_over_the_sides_summed() -> None:
-    args = _args(rayservice_from(synth(**SIDE_RANGES, serving_mode="aggregated")))
-    (config,) = args["llm_configs"]
-    assert config["deployment_config"]["autoscaling_config"] == {
+    doc = rayservice_from(synth(**SIDE_RANGES, serving_mode="aggregated"))
+    assert _options(doc)["aggregated"]["autoscaling_config"] == {
         "min_replicas": 2,
         "max_replicas": 5,
         "target_ongoing_requests": 8,
     }
-    assert "num_replicas" not in config["deployment_config"]
+    (config,) = _args(doc)["llm_configs"]
+    assert "deployment_config" not in config
 
 
 def test_the_ingress_lives_on_the_ingress_group(rayservice: dict[str, Any]) -> None:
@@ -204,53 +223,116 @@ def test_serve_deploy_schema_accepts_every_deployment_config(overrides: dict[str
     assert schema.http_options.request_timeout_s == doc["http_options"]["request_timeout_s"]
 
 
-def _built(args: dict[str, Any], aggregated: bool) -> dict[str, Any]:
+def _deployed(doc: dict[str, Any]) -> dict[str, Any]:
+    """What Serve's controller runs for the serve config: the builder's deployments, as the build task makes
+    them (application_state.py build_serve_application), with the application's `deployments` applied by
+    Serve's own override_deployment_info. Its DeploymentConfig per deployment name."""
+    from ray.serve._private.application_state import override_deployment_info
     from ray.serve._private.build_app import build_app
+    from ray.serve._private.deploy_utils import deploy_args_to_deployment_info, get_app_code_version, get_deploy_args
+    from ray.serve._private.deployment_info import DeploymentInfo
     from ray.serve.llm import build_openai_app, build_pd_openai_app
+    from ray.serve.schema import ServeApplicationSchema
 
-    app = build_openai_app(args) if aggregated else build_pd_openai_app(args)
-    return {d.name: d for d in build_app(app, name="llm").deployments}
+    (app,) = doc["applications"]
+    schema = ServeApplicationSchema.model_validate(app)
+    builder = build_openai_app if "llm_configs" in app["args"] else build_pd_openai_app
+    built = build_app(builder(app["args"]), name=app["name"])
+    version = get_app_code_version(schema)
+    infos: dict[str, DeploymentInfo] = {}
+    for deployment in built.deployments:
+        deploy_args = get_deploy_args(
+            name=deployment._name,
+            replica_config=deployment._replica_config,
+            ingress=deployment.name == built.ingress_deployment_name,
+            deployment_config=deployment._deployment_config,
+            version=version,
+            route_prefix="/" if deployment.name == built.ingress_deployment_name else None,
+        )
+        infos[deployment.name] = deploy_args_to_deployment_info(**deploy_args, app_name=app["name"])
+    deployed: dict[str, Any] = override_deployment_info(infos, schema)
+    return deployed
 
 
 @serve
 @one_ray
-def test_rays_builder_keeps_the_bounds_and_merges_no_1e9_target(local_ray: None) -> None:
-    """Ray LLM deep-merges its defaults (target_ongoing_requests 1e9, max_ongoing_requests 1e9) into
-    each deployment's options: what the built deployments carry is ours, for every deployment."""
-    deployments = _built(_args(rayservice_from(synth(**SIDE_RANGES))), aggregated=False)
-    (prefill,) = [d for n, d in deployments.items() if n.startswith("Prefill:")]
-    (decode,) = [d for n, d in deployments.items() if n.startswith("Decode:")]
-    (ingress,) = [d for n, d in deployments.items() if not n.startswith(("Prefill:", "Decode:"))]
-    for deployment, (low, high, target, ongoing) in ((prefill, (1, 2, 2, 12)), (decode, (1, 3, 8, 13))):
-        config = deployment._deployment_config
+def test_serve_runs_the_bounds_and_merges_no_1e9_target(local_ray: None) -> None:
+    """Ray LLM deep-merges its defaults (target_ongoing_requests 1e9, max_ongoing_requests 1e9) into each
+    deployment built without num_replicas; what Serve runs once the `deployments` list is applied is ours."""
+    deployed = _deployed(_serve_doc(rayservice_from(synth(**SIDE_RANGES))))
+    (prefill,) = [i for n, i in deployed.items() if n.startswith("Prefill:")]
+    (decode,) = [i for n, i in deployed.items() if n.startswith("Decode:")]
+    (ingress,) = [i for n, i in deployed.items() if not n.startswith(("Prefill:", "Decode:"))]
+    for info, (low, high, target, ongoing) in ((prefill, (1, 2, 2, 12)), (decode, (1, 3, 8, 13))):
+        config = info.deployment_config
         scaling = config.autoscaling_config
         assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (low, high, target)
         assert (config.max_ongoing_requests, config.max_queued_requests) == (ongoing, ongoing)
         assert config.backpressure_config.retry_after_s == 10
-    assert prefill._deployment_config.graceful_shutdown_wait_loop_s >= sizing.PREFILL_KV_LEASE_S
-    config = ingress._deployment_config
+    assert prefill.deployment_config.graceful_shutdown_wait_loop_s >= sizing.PREFILL_KV_LEASE_S
+    assert decode.deployment_config.max_constructor_retry_count == 10
+    config = ingress.deployment_config
     assert config.num_replicas == 1 and config.autoscaling_config is None
     assert config.max_ongoing_requests == 52 and config.max_queued_requests == 13
-    assert ingress._replica_config.ray_actor_options["resources"] == {serve_config.INGRESS_GROUP: 1}
+    assert ingress.replica_config.ray_actor_options["resources"] == {serve_config.INGRESS_GROUP: 1}
 
 
 @serve
 @one_ray
-def test_rays_builder_keeps_fixed_sizes_fixed(rayservice: dict[str, Any], local_ray: None) -> None:
-    for name, deployment in _built(_args(rayservice), aggregated=False).items():
-        config = deployment._deployment_config
+def test_serve_keeps_fixed_sizes_fixed(rayservice: dict[str, Any], local_ray: None) -> None:
+    for name, info in _deployed(_serve_doc(rayservice)).items():
+        config = info.deployment_config
         assert config.autoscaling_config is None and config.num_replicas == 1, name
         assert config.max_ongoing_requests < 10**6 and config.max_queued_requests > 0, name
 
 
 @serve
 @one_ray
-def test_rays_builder_scales_the_aggregated_deployment(local_ray: None) -> None:
-    deployments = _built(_args(rayservice_from(synth(**SIDE_RANGES, serving_mode="aggregated"))), aggregated=True)
-    engines = [d for d in deployments.values() if d._replica_config.placement_group_bundles]
-    (engine,) = engines
-    scaling = engine._deployment_config.autoscaling_config
+def test_serve_scales_the_aggregated_deployment(local_ray: None) -> None:
+    deployed = _deployed(_serve_doc(rayservice_from(synth(**SIDE_RANGES, serving_mode="aggregated"))))
+    (engine,) = [i for i in deployed.values() if i.replica_config.placement_group_bundles]
+    scaling = engine.deployment_config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (2, 5, 8)
+
+
+@serve
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"decode_max_replicas": 4},
+        {"decode_target_ongoing_requests": 4},
+        {"typical_request_tokens": 1024},
+        {"backpressure_retry_after_seconds": 30},
+        {"request_timeout_seconds": 900},
+    ],
+    ids=["maximum", "target", "queue bounds", "retry-after", "drain"],
+)
+def test_a_changed_bound_keeps_every_deployments_code_version(change: dict[str, Any]) -> None:
+    """Serve's own code version (what decides whether a replica restarts) is the same before and after."""
+    require_serve_deps()
+    from ray.serve._private.deploy_utils import get_app_code_version
+    from ray.serve.schema import ServeApplicationSchema
+
+    def version(overrides: dict[str, Any]) -> str:
+        (app,) = _serve_doc(rayservice_from(synth(**overrides)))["applications"]
+        return str(get_app_code_version(ServeApplicationSchema.model_validate(app)))
+
+    assert version(SIDE_RANGES) == version({**SIDE_RANGES, **change})
+
+
+@serve
+@one_ray
+def test_turning_a_range_off_in_place_leaves_no_autoscaling_behind(local_ray: None) -> None:
+    """Serve applies a redeployed `deployments` list on top of the options in force: a fixed side must
+    clear the autoscaling_config a range left there."""
+    from ray.serve._private.application_state import override_deployment_info
+    from ray.serve.schema import ServeApplicationSchema
+
+    ranged = _deployed(_serve_doc(rayservice_from(synth(**SIDE_RANGES))))
+    (fixed,) = _serve_doc(rayservice_from(synth(decode_replicas=2)))["applications"]
+    again = override_deployment_info(ranged, ServeApplicationSchema.model_validate(fixed))
+    (decode,) = [i for n, i in again.items() if n.startswith("Decode:")]
+    assert decode.deployment_config.autoscaling_config is None and decode.deployment_config.num_replicas == 2
 
 
 # --- The Ray cluster: the in-tree autoscaler, its groups, both parsers, the hash -------------------

@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 import serve_config
+from serve_config import deployments
 from serve_config.checks import kuberay_resources, problems
+from serve_config.deployments import options_of
 from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION
 from tests.conftest import ROOT, require_serve_deps
@@ -55,7 +57,8 @@ def test_each_side_has_nixl_over_libfabric(rayservice: dict[str, Any], side: str
     assert kv["kv_buffer_device"] == "cpu"
     assert config["accelerator_type"] == "L4"
     assert config["model_loading_config"]["model_id"] == Settings().model_id
-    assert config["deployment_config"]["num_replicas"] == 1
+    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+    assert deployments.options_of(app, deployments.engine_deployment_name(Settings(), side))["num_replicas"] == 1
     bundles = config["placement_group_config"]["bundles"]
     assert all(bundle[side] == 1 and bundle["GPU"] == 1 for bundle in bundles)
 
@@ -128,7 +131,8 @@ def test_replica_counts_scale_independently() -> None:
     groups = {g["groupName"]: g for g in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
     assert (groups["prefill"]["replicas"], groups["prefill"]["maxReplicas"]) == (2, 2)
     assert (groups["decode"]["replicas"], groups["decode"]["maxReplicas"]) == (1, 1)
-    assert _args(doc)["prefill_config"]["deployment_config"]["num_replicas"] == 2
+    (app,) = yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"]
+    assert deployments.options_of(app, deployments.engine_deployment_name(settings, "prefill"))["num_replicas"] == 2
 
 
 def test_image_ray_version_is_the_validated_one(rayservice: dict[str, Any]) -> None:
@@ -390,7 +394,10 @@ def test_aggregated_mode_runs_build_openai_app_without_kv_transfer() -> None:
     (config,) = app["args"]["llm_configs"]
     assert "kv_transfer_config" not in config["engine_kwargs"]
     assert config["placement_group_config"]["bundles"] == [{"CPU": 4, "GPU": 1}]
-    assert config["deployment_config"]["num_replicas"] == 2 and "autoscaling_config" not in config["deployment_config"]
+    entry = deployments.options_of(
+        app, deployments.engine_deployment_name(Settings(serving_mode="aggregated"), "aggregated")
+    )
+    assert entry["num_replicas"] == 2 and entry["autoscaling_config"] is None
     assert problems(doc) == []
     # Everything else is the same RayService: switching mode does not rebuild the Ray cluster.
     default = rayservice_from(synth())
@@ -432,7 +439,8 @@ def test_build_openai_app_builds_the_aggregated_replicas(local_ray: None) -> Non
     built = build_app(build_openai_app(doc["applications"][0]["args"]), name="llm")
     deployments = {d.name: d for d in built.deployments}
     (server,) = [d for name, d in deployments.items() if "Qwen" in name]
-    assert server._deployment_config.num_replicas == 2
+    # Serve applies the application's `deployments` list to what the builder made, by name.
+    assert options_of(doc["applications"][0], server.name)["num_replicas"] == 2
     (bundle,) = server._replica_config.placement_group_bundles
     # Ray adds the replica actor's CPU and the accelerator type; no side resource pins it.
     assert bundle["GPU"] == 1 and not {k for k in bundle if k not in ("CPU", "GPU", "accelerator_type:L4")}

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_config import DECODE, SERVE_PORT, serve_service_name
+from serve_config.deployments import NAME_PREFIXES
 from settings import Settings, settings_from_cli
 from tools.cluster_access import (
     ClusterUnreachableError,
@@ -252,6 +253,18 @@ def write_chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
 
 
 # --- What was measured: the live RayService ---------------------------------------------------------
+def _replicas(app: Mapping[str, Any], mode: str) -> dict[str, Any]:
+    """Each engine deployment's replica count, or its autoscaling range, from the app's `deployments` list."""
+    sides = {"prefill": "prefill", "decode": "decode"} if mode == "disaggregated" else {"replica": "aggregated"}
+    entries = {d["name"]: d for d in app.get("deployments", [])}
+    found: dict[str, Any] = {}
+    for key, side in sides.items():
+        entry: Mapping[str, Any] = next((e for n, e in entries.items() if n.startswith(NAME_PREFIXES[side])), {})
+        scaling = entry.get("autoscaling_config")
+        found[key] = f"{scaling['min_replicas']}-{scaling['max_replicas']}" if scaling else entry.get("num_replicas")
+    return found
+
+
 def describe_serve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The serving mode and the settings that shape performance, read from a deployed serve config."""
     (app,) = config["applications"]
@@ -263,7 +276,7 @@ def describe_serve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "serving_mode": mode,
         "model_id": next(iter(llms.values()))["model_loading_config"]["model_id"],
-        "replicas": {k: v.get("deployment_config", {}).get("num_replicas") for k, v in llms.items()},
+        "replicas": _replicas(app, mode),
         "engine_kwargs": {
             k: {
                 name: v["engine_kwargs"].get(name)

@@ -1,0 +1,138 @@
+"""Serve's options for each deployment of the app: replicas or autoscaling, queue bounds, drains.
+
+They go in the application's `deployments` list, Serve's own override of the options a builder
+set in code (ServeApplicationSchema.deployments), not in the builder's `args`: Serve hashes an
+application's args into the code version of every one of its deployments (Ray 2.58
+serve/_private/deploy_utils.py, get_app_code_version), and a changed code version restarts every
+replica of the app. Every option here is one Serve applies to running replicas in place
+(serve/_private/config.py, DeploymentOptionUpdateType LightWeight, NeedsReconfigure or
+NeedsActorReconfigure): a `cdk deploy` that changes a bound restarts nothing. Serve refuses an
+override that names a deployment the builder did not make, so a wrong name fails the deploy loudly.
+
+The numbers come from settings/sizing.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serve_config.checks import DECODE, PREFILL, SIDES
+from serve_config.endpoint_keys import API_KEY_INGRESS
+from settings import Settings, sizing
+
+# Past a deployment's queue bound Serve answers this (503 or 429, serve/config.py BackpressureConfig);
+# 429 is the key rate limit's (ray_pods/api_keys.py): 503 says the service, not the caller, is full.
+BACKPRESSURE_STATUS = 503
+# Ray LLM's ingress without keys (ray/llm/_internal/serve/core/ingress/builder.py, IngressClsConfig).
+OPEN_INGRESS_CLASS = "OpenAiIngress"
+# The deployment name prefix Ray LLM gives each engine deployment: build_pd_openai_app names its sides
+# (serving_patterns/prefill_decode/builder.py), build_openai_app takes the server class's name
+# (core/server/builder.py, build_llm_deployment).
+NAME_PREFIXES = {PREFILL: "Prefill:", DECODE: "Decode:", "aggregated": "LLMServer:"}
+
+
+def engine_deployment_name(settings: Settings, side: str) -> str:
+    """The name Ray LLM gives an engine deployment: its prefix and the model id with '/' as '--' and '.' as '_'
+    (core/server/builder.py, _get_deployment_name)."""
+    return NAME_PREFIXES[side] + settings.model_id.replace("/", "--").replace(".", "_")
+
+
+def ingress_deployment_name(settings: Settings) -> str:
+    """The ingress deployment's name: its class's (make_fastapi_ingress keeps it)."""
+    if settings.endpoint_api_keys_secret_name is None:
+        return OPEN_INGRESS_CLASS
+    return API_KEY_INGRESS.rsplit(":", 1)[1]
+
+
+def engines(settings: Settings) -> tuple[str, ...]:
+    """The engine deployments of the serving mode: prefill and decode, or the aggregated one."""
+    return ("aggregated",) if settings.serving_mode == "aggregated" else SIDES
+
+
+def _bounds(settings: Settings, side: str) -> tuple[int, int, float | None]:
+    """(minimum, maximum, target) of a side, or of aggregated mode's one deployment: the sides summed,
+    scaling toward decode's target (prefill's when only prefill has a range)."""
+    if side != "aggregated":
+        target = settings.side_target_ongoing_requests(side)
+        return settings.side_replicas(side), settings.side_max_replicas(side), target
+    low = settings.prefill_replicas + settings.decode_replicas
+    high = settings.side_max_replicas(PREFILL) + settings.side_max_replicas(DECODE)
+    target = settings.decode_target_ongoing_requests or settings.prefill_target_ongoing_requests
+    return low, high, target
+
+
+def _queue_bounds(settings: Settings, *, ongoing: int, queued: int) -> dict[str, Any]:
+    return {
+        "max_ongoing_requests": ongoing,
+        "max_queued_requests": queued,
+        "backpressure_config": {
+            "status_code": BACKPRESSURE_STATUS,
+            "retry_after_s": settings.backpressure_retry_after_seconds,
+        },
+    }
+
+
+def engine_options(settings: Settings, side: str) -> dict[str, Any]:
+    """Serve's options for one engine deployment ('prefill', 'decode' or 'aggregated').
+
+    Either a fixed num_replicas (with autoscaling_config null) or an autoscaling_config (with
+    num_replicas null), always both keys: Ray LLM deep-merges its own autoscaling_config
+    (target_ongoing_requests 1e9, which never scales) into a deployment built without
+    num_replicas (ray/llm/_internal/common/dict_utils.py), and Serve applies an override on top of
+    the options in force (application_state.py, override_deployment_info), so the key left out
+    would keep whatever was there before: a range turned off would go on scaling.
+    """
+    low, high, target = _bounds(settings, side)
+    options: dict[str, Any]
+    if high > low:
+        options = {
+            "num_replicas": None,
+            "autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": target},
+        }
+    else:
+        options = {"num_replicas": low, "autoscaling_config": None}
+    options.update(
+        _queue_bounds(
+            settings,
+            ongoing=sizing.max_ongoing_requests(settings, side),
+            queued=sizing.max_queued_requests(settings, side),
+        )
+    )
+    wait, timeout = sizing.graceful_shutdown(settings, side)
+    if side == PREFILL:
+        options["graceful_shutdown_wait_loop_s"] = wait
+    options["graceful_shutdown_timeout_s"] = timeout
+    return options
+
+
+def _client_facing(settings: Settings) -> str:
+    """The engines the ingress calls: decode, or the aggregated ones."""
+    return "aggregated" if settings.serving_mode == "aggregated" else DECODE
+
+
+def ingress_options(settings: Settings) -> dict[str, Any]:
+    """The ingress's queue bounds and drain: it passes on everything the engines behind it can hold or
+    queue, so the bound a burst meets is theirs (settings/sizing.py, ingress_max_ongoing_requests). Its
+    replica count and home are structural and stay in the builder's args (pd_application.yaml)."""
+    options = _queue_bounds(
+        settings,
+        ongoing=sizing.ingress_max_ongoing_requests(settings),
+        queued=sizing.max_queued_requests(settings, _client_facing(settings)),
+    )
+    options["graceful_shutdown_timeout_s"] = sizing.graceful_shutdown(settings, "ingress")[1]
+    return options
+
+
+def serve_deployments(settings: Settings) -> list[dict[str, Any]]:
+    """The application's `deployments` list: each engine deployment's options, then the ingress's."""
+    found = [
+        {"name": engine_deployment_name(settings, side), **engine_options(settings, side)} for side in engines(settings)
+    ]
+    found.append({"name": ingress_deployment_name(settings), **ingress_options(settings)})
+    return found
+
+
+def options_of(app: dict[str, Any], name: str) -> dict[str, Any]:
+    """One deployment's entry in an application's `deployments` list, by name."""
+    (entry,) = [d for d in app.get("deployments", []) if d["name"] == name]
+    return dict(entry)
