@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rehearsal import (
     bad_requests,
+    burst,
     checks,
     disconnects,
     engine_deaths,
@@ -26,14 +27,15 @@ from rehearsal import (
     keys,
     metric_names,
     node_loss,
+    scaling,
     sustained_load,
 )
 from rehearsal.context import Phase, Setup
-from rehearsal.deploy import apply_failure_deltas
+from rehearsal.deploy import apply_failure_deltas, apply_scaling_deltas
 from rehearsal.faults import Fault
 from rehearsal.network import RehearsalError
 
-CASE_NAMES = ("pd", "aggregated", "ucx", "wrong-side-channel", "no-plugin")
+CASE_NAMES = ("pd", "aggregated", "scaling", "ucx", "wrong-side-channel", "no-plugin")
 # Each breaks one thing the product relies on, and must fail: the app DEPLOY_FAILED, the endpoint refusing.
 FAILURE_CASES = ("ucx", "wrong-side-channel", "no-plugin")
 # The cases that deploy the product in another serving mode (a setting, as a user would set it).
@@ -43,9 +45,12 @@ FAILURE_CASES = ("ucx", "wrong-side-channel", "no-plugin")
 # requests are that short would (settings typical_request_tokens): the default 2,048 admits 13 at decode
 # on the product's GPU, and the disconnects phase holds 20 streams at once (issue 23 item 4).
 SERVING_SETTINGS = {**keys.KEY_SETTINGS, "typical_request_tokens": "1024"}
+# The scaling case: a range on prefill, as a user sets it (README "Scaling": prefill aims at 1 or 2).
+SCALING_SETTINGS = {**SERVING_SETTINGS, "prefill_max_replicas": "2", "prefill_target_ongoing_requests": "2"}
 CASE_SETTINGS: dict[str, dict[str, str]] = {
     "pd": {**SERVING_SETTINGS},
     "aggregated": {"serving_mode": "aggregated", **SERVING_SETTINGS},
+    "scaling": SCALING_SETTINGS,
 }
 
 
@@ -70,8 +75,13 @@ def _no_plugin(setup: Setup) -> None:
     setup.env["LD_LIBRARY_PATH"] = ":".join(d for d in dirs if d != setup.libs.libfabric_dir)
 
 
-# The failure cases: each breaks one thing the product relies on.
+def _scaling(setup: Setup) -> None:
+    apply_scaling_deltas(setup.config)
+
+
+# The failure cases: each breaks one thing the product relies on; the scaling case: Serve's delays.
 CASE_CHANGES: dict[str, Callable[[Setup], None]] = {
+    "scaling": _scaling,
     "ucx": _ucx,
     "wrong-side-channel": _wrong_side_channel,
     "no-plugin": _no_plugin,
@@ -102,6 +112,7 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
         checks.verify_checks,
         metric_names.names_check,
         bad_requests.bad_requests_check,
+        burst.burst_check,
         checks.bench,
         disconnects.disconnects_check,
         sustained_load.sustained_load_check,
@@ -112,6 +123,8 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
         keys.key_log_scan,
     ),
     "aggregated": (keys.key_checks, checks.verify_checks, checks.bench, keys.key_log_scan),
+    # The bound change first: the scaling then runs on the target it set in place.
+    "scaling": (scaling.bound_change_check, scaling.scaling_check),
 }
 
 

@@ -32,7 +32,7 @@ def ray_cluster(
     outside = temp_dir.parent
 
     def start_node_b() -> None:
-        subprocess.run(_worker(nodes), env={**env, "FI_TCP_IFACE": WORKER_IFACE}, check=True, timeout=180, cwd=outside)
+        start_worker(env, temp_dir, nodes, ip=WORKER_IP, iface=WORKER_IFACE, resources={"decode": 1})
 
     try:
         subprocess.run(head, env={**env, **head_env, "FI_TCP_IFACE": HEAD_IFACE}, check=True, timeout=180, cwd=outside)
@@ -57,17 +57,23 @@ def _ray() -> str:
     return str(Path(sys.executable).parent / "ray")
 
 
-def _worker(nodes: Nodes) -> list[str]:
-    return [
-        *nodes.node_b, _ray(), "start", f"--address={HEAD_IP}:6379", f"--node-ip-address={WORKER_IP}",
-        f"--resources={json.dumps({'decode': 1})}", f"--num-cpus={NODE_B_CPUS}", *_COMMON,
+def start_worker(
+    env: dict[str, str], temp_dir: Path, node: Nodes, *, ip: str, iface: str, resources: dict[str, int]
+) -> None:
+    """A Ray worker node in the held namespace, joined to the head, as KubeRay starts a worker pod of a group
+    that advertises `resources`: NODE_B_CPUS, exactly one engine replica's bundle."""
+    command = [
+        *node.node_b, _ray(), "start", f"--address={HEAD_IP}:6379", f"--node-ip-address={ip}",
+        f"--resources={json.dumps(resources)}", f"--num-cpus={NODE_B_CPUS}", *_COMMON,
     ]  # fmt: skip
+    subprocess.run(command, env={**env, "FI_TCP_IFACE": iface}, check=True, timeout=180, cwd=temp_dir.parent)
 
 
 def stop_node_b(nodes: Nodes) -> int:
-    """Kill every process in node B's network namespace but the one holding it open: node B's Ray
-    (raylet, workers, decode's replica and engine) is gone at once, as when its node fails. Chosen by
-    namespace alone, so nothing on node A (the head, prefill) or elsewhere on this machine is touched."""
+    """Kill every process in the held network namespace (node B's, or node C's) but the one holding it
+    open: that node's Ray (raylet, workers, its replicas and engines) is gone at once, as when its node
+    fails. Chosen by namespace alone, so nothing on node A (the head, prefill) or elsewhere on this
+    machine is touched."""
     namespace = nodes.node_b_namespace
     killed = 0
     for pid in _parents():

@@ -39,6 +39,14 @@ CPU_DELTAS: dict[str, str] = {
 FAILURE_DELTAS: dict[str, str] = {
     "deployment_config.max_constructor_retry_count": "1: the app is DEPLOY_FAILED after one failed start",
 }
+# What the scaling case changes beside CPU_DELTAS, and why (a test pins this set): Serve's own delays,
+# shortened so that 1 -> 2 -> 1 -> 2 fits a CI run. The signal, the bounds, the target and the drain
+# are the product's (serve/config.py AutoscalingConfig: 30 s, 600 s and 30 s by default).
+SCALING_DELTAS: dict[str, str] = {
+    "deployments[].autoscaling_config.upscale_delay_s": "5: Serve's default 30 s, for a CI-sized run",
+    "deployments[].autoscaling_config.downscale_delay_s": "20: Serve's default 600 s, for a CI-sized run",
+    "deployments[].autoscaling_config.look_back_period_s": "10: Serve's default 30 s, for a CI-sized run",
+}
 # Environment of the Ray processes here, beside the product's worker environment.
 CPU_ENV = {
     "FI_PROVIDER": "tcp",  # replaces the product's efa: no EFA device here (FI_TCP_IFACE: per node)
@@ -112,6 +120,14 @@ def apply_failure_deltas(config: dict[str, Any]) -> None:
     """FAILURE_DELTAS on every LLMConfig of the serve config."""
     for _, llm in llm_configs(config):
         llm.setdefault("deployment_config", {})["max_constructor_retry_count"] = 1
+
+
+def apply_scaling_deltas(config: dict[str, Any]) -> None:
+    """SCALING_DELTAS on every deployment of the serve config that scales (has an autoscaling_config)."""
+    for deployment in config["applications"][0].get("deployments", []):
+        scaling = deployment.get("autoscaling_config")
+        if scaling is not None:
+            scaling.update(upscale_delay_s=5.0, downscale_delay_s=20.0, look_back_period_s=10.0)
 
 
 def is_aggregated(config: dict[str, Any]) -> bool:

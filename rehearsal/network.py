@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from serve_config import SERVE_PORT
@@ -25,11 +26,17 @@ from tools.cluster_access import RAY_METRICS_PORT
 # Node A (this namespace): the Ray head and prefill. Node B (a second namespace): decode.
 HEAD_IP, HEAD_IFACE = "10.99.0.1", "rh0"
 WORKER_IP, WORKER_IFACE = "10.99.0.2", "rh1"
+# Node C (a third namespace, the scaling case only): the node a scaled-up side's new replica lands on,
+# as Ray's autoscaler and Cluster Autoscaler would add one. Its own veth pair to node A, which routes
+# between B and C: every node reaches every other, as pods on three nodes do.
+NODE_C_GATEWAY_IP, NODE_C_GATEWAY_IFACE = "10.99.1.1", "rh2"
+NODE_C_IP, NODE_C_IFACE = "10.99.1.2", "rh3"
 DASHBOARD = f"http://{HEAD_IP}:8265"
 SERVE = f"http://{HEAD_IP}:{SERVE_PORT}"
 # Each node exports its own processes' metrics, as each pod does on EKS.
 PREFILL_METRICS = f"http://{HEAD_IP}:{RAY_METRICS_PORT}/metrics"
 DECODE_METRICS = f"http://{WORKER_IP}:{RAY_METRICS_PORT}/metrics"
+NODE_C_METRICS = f"http://{NODE_C_IP}:{RAY_METRICS_PORT}/metrics"
 IN_NAMESPACE = "PD_REHEARSAL_IN_NETNS"
 
 
@@ -54,7 +61,7 @@ class Nodes:
 
     @property
     def node_b(self) -> list[str]:
-        """A command prefix that runs its command in node B's namespace."""
+        """A command prefix that runs its command in the held namespace (node B's, or node C's)."""
         return ["nsenter", f"--net=/proc/{self.holder.pid}/ns/net"]
 
     @property
@@ -77,14 +84,49 @@ def two_nodes() -> Iterator[Nodes]:
         holder.wait()
 
 
-def _connect(holder: subprocess.Popen[bytes]) -> Nodes:
+@contextlib.contextmanager
+def third_node(nodes: Nodes) -> Iterator[Nodes]:
+    """Node C: a namespace of its own on a second veth pair to node A, routed to node B through A."""
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+    try:
+        node_c = Nodes(_held(holder))
+        for command in (
+            ["ip", "link", "add", NODE_C_GATEWAY_IFACE, "type", "veth", "peer", "name", NODE_C_IFACE],
+            ["ip", "link", "set", NODE_C_IFACE, "netns", str(holder.pid)],
+            ["ip", "addr", "add", f"{NODE_C_GATEWAY_IP}/24", "dev", NODE_C_GATEWAY_IFACE],
+            ["ip", "link", "set", NODE_C_GATEWAY_IFACE, "up"],
+            [*node_c.node_b, "ip", "link", "set", "lo", "up"],
+            [*node_c.node_b, "ip", "addr", "add", f"{NODE_C_IP}/24", "dev", NODE_C_IFACE],
+            [*node_c.node_b, "ip", "link", "set", NODE_C_IFACE, "up"],
+            [*node_c.node_b, "ip", "route", "add", f"{_subnet(HEAD_IP)}/24", "via", NODE_C_GATEWAY_IP],
+            [*nodes.node_b, "ip", "route", "add", f"{_subnet(NODE_C_IP)}/24", "via", HEAD_IP],
+        ):
+            subprocess.run(command, check=True)
+        # Node A forwards between B and C; this namespace's own setting, nothing outside it.
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        yield node_c
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _subnet(ip: str) -> str:
+    return ip.rsplit(".", 1)[0] + ".0"
+
+
+def _held(holder: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """The holder, once its namespace is a new one."""
     mine = os.readlink("/proc/self/ns/net")
     deadline = time.monotonic() + 10
     while os.readlink(f"/proc/{holder.pid}/ns/net") == mine:
         if time.monotonic() > deadline:
-            raise RehearsalError("the second network namespace did not come up")
+            raise RehearsalError("a network namespace for another node did not come up")
         time.sleep(0.05)
-    nodes = Nodes(holder)
+    return holder
+
+
+def _connect(holder: subprocess.Popen[bytes]) -> Nodes:
+    nodes = Nodes(_held(holder))
     for command in (
         ["ip", "link", "set", "lo", "up"],
         ["ip", "link", "add", HEAD_IFACE, "type", "veth", "peer", "name", WORKER_IFACE],

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -40,6 +40,7 @@ class Outcome:
     done: bool = False  # the stream ended with `data: [DONE]`
     error: str = ""  # the error event's or the error body's text, or the client's exception
     ended: float = 0.0
+    retry_after: str | None = None  # the Retry-After header of a refusal
 
     @property
     def kind(self) -> str:
@@ -59,7 +60,10 @@ class Outcome:
         return f"{self.status if self.status is not None else 'no answer'}: {shown}"
 
 
-def stream_chat(ctx: Context, max_tokens: int, timeout: float = 300.0) -> Outcome:
+DEFAULT_PROMPT = "Count slowly."
+
+
+def stream_chat(ctx: Context, max_tokens: int, timeout: float = 300.0, prompt: str = DEFAULT_PROMPT) -> Outcome:
     """One streaming chat through the endpoint, read to its end."""
     outcome = Outcome(started=time.monotonic())
     headers = {"Content-Type": "application/json"}
@@ -68,7 +72,7 @@ def stream_chat(ctx: Context, max_tokens: int, timeout: float = 300.0) -> Outcom
     body = json.dumps(
         {
             "model": ctx.model_id,
-            "messages": [{"role": "user", "content": "Count slowly."}],
+            "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "stream": True,
@@ -81,6 +85,7 @@ def stream_chat(ctx: Context, max_tokens: int, timeout: float = 300.0) -> Outcom
         response = connection.getresponse()
         outcome.status = response.status
         if response.status != 200:
+            outcome.retry_after = response.getheader("Retry-After")
             outcome.error = response.read().decode(errors="replace") or response.reason
             return outcome
         for raw in response:
@@ -112,6 +117,8 @@ class Traffic:
     ctx: Context
     concurrency: int
     max_tokens: int
+    # Each request's prompt (called once per request); None: DEFAULT_PROMPT.
+    prompt: Callable[[], str] | None = None
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -119,7 +126,8 @@ class Traffic:
 
     def _client(self) -> None:
         while not self._stop.is_set():
-            outcome = stream_chat(self.ctx, self.max_tokens, timeout=TRAFFIC_TIMEOUT_S)
+            text = DEFAULT_PROMPT if self.prompt is None else self.prompt()
+            outcome = stream_chat(self.ctx, self.max_tokens, timeout=TRAFFIC_TIMEOUT_S, prompt=text)
             with self._lock:
                 self.outcomes.append(outcome)
             if outcome.kind != "ok":

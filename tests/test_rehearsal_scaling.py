@@ -1,0 +1,96 @@
+"""The rehearsal's scaling case and burst phase, on the serve config the product synthesizes for them.
+
+The case and the phase themselves run in `make rehearse`; here: that the scaling case changes only
+the documented delays, which Ray's own schema accepts, and that the burst's bound is the one the
+product sized (settings/sizing.py), read from the deployed config as the phase reads it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rehearsal import burst, cases, scaling
+from rehearsal.context import Setup
+from rehearsal.deploy import SCALING_DELTAS, apply_scaling_deltas, cpu_serve_config, product_rayservice
+from settings import settings_from, sizing
+from tests.conftest import PROJECT_CONTEXT, require_serve_deps
+from tests.test_rehearsal import _paths
+
+serve = pytest.mark.serve
+
+
+def _cpu_config(case: str) -> dict[str, Any]:
+    return cpu_serve_config(product_rayservice(cases.CASE_SETTINGS[case]), Path("/models/tiny"))
+
+
+@pytest.fixture(scope="module")
+def scaling_config() -> dict[str, Any]:
+    return _cpu_config("scaling")
+
+
+def _scaling_options(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    (app,) = config["applications"]
+    return {d["name"].split(":")[0]: d for d in app["deployments"]}
+
+
+def test_the_scaling_case_ranges_prefill_alone_with_the_products_target(scaling_config: dict[str, Any]) -> None:
+    options = _scaling_options(scaling_config)
+    assert options["Prefill"]["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_ongoing_requests": 2.0,
+    }
+    assert options["Decode"]["num_replicas"] == 1 and options["Decode"]["autoscaling_config"] is None
+    assert scaling.SIDE == "prefill" and float(scaling.CHANGED_TARGET) != 2.0
+
+
+@serve
+def test_the_scaling_case_changes_only_serves_delays_which_rays_schema_keeps(scaling_config: dict[str, Any]) -> None:
+    require_serve_deps()
+    from ray.serve.config import AutoscalingConfig
+    from ray.serve.schema import ServeApplicationSchema
+
+    changed = copy.deepcopy(scaling_config)
+    apply_scaling_deltas(changed)
+    (before,), (after,) = scaling_config["applications"], changed["applications"]
+    assert _paths(before, after) == set(SCALING_DELTAS)
+    (prefill,) = [d for d in ServeApplicationSchema.model_validate(after).deployments if d.name.startswith("Prefill:")]
+    # Serve's AutoscalingConfig, as override_deployment_info builds it: the values must come back out of it.
+    validated = AutoscalingConfig(**prefill.autoscaling_config)
+    assert (validated.upscale_delay_s, validated.downscale_delay_s, validated.look_back_period_s) == (5, 20, 10)
+    assert (validated.min_replicas, validated.max_replicas, validated.target_ongoing_requests) == (1, 2, 2)
+
+
+def test_the_case_wires_its_delta_and_its_phases() -> None:
+    config = _cpu_config("scaling")
+    setup = Setup("scaling", config, {}, None, Path("/tmp"))  # type: ignore[arg-type]
+    cases.apply_case(setup)
+    assert _scaling_options(setup.config)["Prefill"]["autoscaling_config"]["downscale_delay_s"] == 20.0
+    assert cases.CASE_PHASES["scaling"] == (scaling.bound_change_check, scaling.scaling_check)
+    assert "burst_check" in [phase.__name__ for phase in cases.CASE_PHASES["pd"]]
+
+
+def test_the_burst_meets_the_bound_the_product_sized() -> None:
+    s = settings_from({**PROJECT_CONTEXT, **cases.CASE_SETTINGS["pd"]})
+    bound, status, retry_after = burst.admitted_bound(_cpu_config("pd"))
+    ingress = sizing.ingress_max_ongoing_requests(s) + sizing.max_queued_requests(s, "decode")
+    assert bound == ingress
+    assert (status, retry_after) == (503, s.backpressure_retry_after_seconds)
+
+
+def test_the_timeline_lists_each_change_of_the_replica_counts() -> None:
+    timeline = scaling.Timeline(ctx=None, deployment="Prefill:x")  # type: ignore[arg-type]
+    running, starting = ("RUNNING", "10.99.0.1"), ("STARTING", "10.99.1.2")
+    timeline.seen = [
+        (0.0, {"a": running}),
+        (2.0, {"a": running}),
+        (4.0, {"a": running, "b": starting}),
+        (9.0, {"a": running, "b": ("RUNNING", "10.99.1.2")}),
+        (30.0, {"b": ("RUNNING", "10.99.1.2")}),
+    ]
+    assert timeline.changes() == ["t=0s 1 RUNNING", "t=4s 1 RUNNING 1 STARTING", "t=9s 2 RUNNING", "t=30s 1 RUNNING"]
+    assert timeline.nodes_of() == {"a": "10.99.0.1", "b": "10.99.1.2"}
