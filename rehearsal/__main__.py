@@ -36,17 +36,17 @@ class Case:
 _FAILED = r"deploy failed: app DEPLOY_FAILED after \d+ s, endpoint served no chat \(chat: [^)]*\); "
 
 CASES = (
-    Case("pd", passes=True, cap_s=1050),
+    Case("pd", passes=True, cap_s=1300),
     # The same GPUs serving aggregated (serving_mode=aggregated): it serves, with no NIXL anywhere.
-    Case("aggregated", passes=True, cap_s=330),
+    Case("aggregated", passes=True, cap_s=300),
     # Prefill with a range: Serve scales it 1 -> 2 -> 1 -> 2 with the traffic (rehearsal/scaling.py).
-    Case("scaling", passes=True, cap_s=900),
+    Case("scaling", passes=True, cap_s=950),
     # A product config with backends [UCX]: across two nodes decode's pre-warm fails the NIXL
     # handshake and the app fails; where UCX does connect, verify flags the UCX backend.
     Case(
         "ucx",
         passes=False,
-        cap_s=220,
+        cap_s=200,
         failure=rf"UCX backend instantiated|{_FAILED}an engine could not start or pre-warm: NIXL transfer failure",
         evidence=r"Backend UCX was instantiated",
     ),
@@ -55,7 +55,7 @@ CASES = (
     Case(
         "wrong-side-channel",
         passes=False,
-        cap_s=220,
+        cap_s=200,
         failure=rf"{_FAILED}an engine could not start or pre-warm: NIXL transfer failure: handshake_",
         evidence=r"NIXL transfer failure: handshake_\w+",
     ),
@@ -63,7 +63,7 @@ CASES = (
     Case(
         "no-plugin",
         passes=False,
-        cap_s=220,
+        cap_s=200,
         failure=rf"{_FAILED}an engine could not start.*(unsupported backend 'LIBFABRIC'|Skipping backend)",
         evidence=r"createBackend: unsupported backend 'LIBFABRIC'|Skipping backend registration LIBFABRIC",
     ),

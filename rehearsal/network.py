@@ -91,13 +91,7 @@ def third_node(nodes: Nodes) -> Iterator[Nodes]:
     try:
         node_c = Nodes(_held(holder))
         for command in (
-            ["ip", "link", "add", NODE_C_GATEWAY_IFACE, "type", "veth", "peer", "name", NODE_C_IFACE],
-            ["ip", "link", "set", NODE_C_IFACE, "netns", str(holder.pid)],
-            ["ip", "addr", "add", f"{NODE_C_GATEWAY_IP}/24", "dev", NODE_C_GATEWAY_IFACE],
-            ["ip", "link", "set", NODE_C_GATEWAY_IFACE, "up"],
-            [*node_c.node_b, "ip", "link", "set", "lo", "up"],
-            [*node_c.node_b, "ip", "addr", "add", f"{NODE_C_IP}/24", "dev", NODE_C_IFACE],
-            [*node_c.node_b, "ip", "link", "set", NODE_C_IFACE, "up"],
+            *_veth_pair(node_c, (NODE_C_GATEWAY_IFACE, NODE_C_GATEWAY_IP), (NODE_C_IFACE, NODE_C_IP)),
             [*node_c.node_b, "ip", "route", "add", f"{_subnet(HEAD_IP)}/24", "via", NODE_C_GATEWAY_IP],
             [*nodes.node_b, "ip", "route", "add", f"{_subnet(NODE_C_IP)}/24", "via", HEAD_IP],
         ):
@@ -108,6 +102,20 @@ def third_node(nodes: Nodes) -> Iterator[Nodes]:
     finally:
         holder.kill()
         holder.wait()
+
+
+def _veth_pair(node: Nodes, near: tuple[str, str], far: tuple[str, str]) -> list[list[str]]:
+    """The commands for a veth pair from this namespace (near: interface, address) to the held one's (far), /24."""
+    (near_iface, near_ip), (far_iface, far_ip) = near, far
+    return [
+        ["ip", "link", "add", near_iface, "type", "veth", "peer", "name", far_iface],
+        ["ip", "link", "set", far_iface, "netns", str(node.holder.pid)],
+        ["ip", "addr", "add", f"{near_ip}/24", "dev", near_iface],
+        ["ip", "link", "set", near_iface, "up"],
+        [*node.node_b, "ip", "link", "set", "lo", "up"],
+        [*node.node_b, "ip", "addr", "add", f"{far_ip}/24", "dev", far_iface],
+        [*node.node_b, "ip", "link", "set", far_iface, "up"],
+    ]
 
 
 def _subnet(ip: str) -> str:
@@ -129,13 +137,7 @@ def _connect(holder: subprocess.Popen[bytes]) -> Nodes:
     nodes = Nodes(_held(holder))
     for command in (
         ["ip", "link", "set", "lo", "up"],
-        ["ip", "link", "add", HEAD_IFACE, "type", "veth", "peer", "name", WORKER_IFACE],
-        ["ip", "link", "set", WORKER_IFACE, "netns", str(holder.pid)],
-        ["ip", "addr", "add", f"{HEAD_IP}/24", "dev", HEAD_IFACE],
-        ["ip", "link", "set", HEAD_IFACE, "up"],
-        [*nodes.node_b, "ip", "link", "set", "lo", "up"],
-        [*nodes.node_b, "ip", "addr", "add", f"{WORKER_IP}/24", "dev", WORKER_IFACE],
-        [*nodes.node_b, "ip", "link", "set", WORKER_IFACE, "up"],
+        *_veth_pair(nodes, (HEAD_IFACE, HEAD_IP), (WORKER_IFACE, WORKER_IP)),
     ):
         subprocess.run(command, check=True)
     return nodes
