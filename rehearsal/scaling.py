@@ -54,6 +54,7 @@ from rehearsal.network import (
     metrics_text,
     third_node,
 )
+from serve_config.deployments import deployment_name_of
 
 SIDE = "prefill"
 LOAD = 6
@@ -207,7 +208,7 @@ def bound_change_check(ctx: Context) -> list[Any]:
             time.sleep(POLL_S)
     bad = [o for o in traffic.outcomes if o.kind != "ok"]
     replicas_after = {name: {r["replica_id"] for r in d["replicas"]} for name, d in found.items()}
-    deployment = f"{streams.DEPLOYMENTS[SIDE]}:{ctx.model_id.replace('/', '--').replace('.', '_')}"
+    deployment = deployment_name_of(ctx.model_id, SIDE)
     in_force = float(found[deployment]["deployment_config"]["autoscaling_config"]["target_ongoing_requests"])
     ctx.config = config
     ctx.log_lines.append(
@@ -242,7 +243,7 @@ def scaling_check(ctx: Context) -> list[Any]:
 
     if ctx.nodes is None:
         raise RuntimeError("the scaling phase needs the rehearsal's nodes")
-    deployment = f"{streams.DEPLOYMENTS[SIDE]}:{ctx.model_id.replace('/', '--').replace('.', '_')}"
+    deployment = deployment_name_of(ctx.model_id, SIDE)
     rng = random.Random(19)  # noqa: S311 - prompts, not secrets
     lock = threading.Lock()
 

@@ -32,9 +32,14 @@ NAME_PREFIXES = {PREFILL: "Prefill:", DECODE: "Decode:", "aggregated": "LLMServe
 
 
 def engine_deployment_name(settings: Settings, side: str) -> str:
+    """The name Ray LLM gives a side's engine deployment for the settings' model."""
+    return deployment_name_of(settings.model_id, side)
+
+
+def deployment_name_of(model_id: str, side: str) -> str:
     """The name Ray LLM gives an engine deployment: its prefix and the model id with '/' as '--' and '.' as '_'
     (core/server/builder.py, _get_deployment_name)."""
-    return NAME_PREFIXES[side] + settings.model_id.replace("/", "--").replace(".", "_")
+    return NAME_PREFIXES[side] + model_id.replace("/", "--").replace(".", "_")
 
 
 def ingress_deployment_name(settings: Settings) -> str:
