@@ -37,10 +37,11 @@ import string
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rehearsal import streams
-from rehearsal.cluster import ray_logs, start_worker, stop_node_b
+from rehearsal.cluster import start_worker, stop_node_b
 from rehearsal.context import Context
 from rehearsal.network import (
     DECODE_METRICS,
@@ -75,6 +76,7 @@ DOWN_WITHIN_S = 240.0
 # Load kept on two replicas, so that the new one serves for a while.
 SERVE_ON_TWO_S = 10.0
 POLL_S = 2.0
+PREFILL_LOG = streams.DEPLOYMENTS[SIDE]
 NIXL_NAME = re.compile(rf"NIXL engine id ({SIDE}-\S+) \(was ({SIDE}-\S+)\)")
 
 
@@ -238,6 +240,17 @@ def bound_change_check(ctx: Context) -> list[Any]:
     ]
 
 
+def prefill_names(temp_dir: Path) -> list[tuple[str, str]]:
+    """(the NIXL name given, the one Ray alone would have given) of each prefill replica that started.
+
+    ray_pods/nixl_incarnation.py logs both once per engine start, in the replica's own Serve log (the
+    same line stands in its worker's .err too, so the Serve logs alone are read, one file a replica)."""
+    found: list[tuple[str, str]] = []
+    for path in sorted((temp_dir / "session_latest" / "logs" / "serve").glob(f"replica_llm_{PREFILL_LOG}_*.log")):
+        found += sorted(set(NIXL_NAME.findall(path.read_text(errors="replace"))))
+    return found
+
+
 def scaling_check(ctx: Context) -> list[Any]:
     from tools.verify import Check, settled
 
@@ -285,8 +298,7 @@ def scaling_check(ctx: Context) -> list[Any]:
         {nodes.get(r, "?"): after.get(nodes.get(r, ""), 0.0) - before.get(nodes.get(r, ""), 0.0) for r in new}
         for new, (before, after) in zip(added, windows, strict=True)
     ]
-    # ray_pods/nixl_incarnation.py logs each engine's name, and the name Ray alone would have given it.
-    names = sorted(set(NIXL_NAME.findall(ray_logs(ctx.temp_dir))))  # a line may stand in two logs
+    names = prefill_names(ctx.temp_dir)
     reused = sorted({was for _, was in names if [w for _, w in names].count(was) > 1})
     transfers = transfers_after - transfers_before
     nixl_failed = failed_after - failed_before

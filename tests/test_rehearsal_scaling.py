@@ -94,3 +94,22 @@ def test_the_timeline_lists_each_change_of_the_replica_counts() -> None:
     ]
     assert timeline.changes() == ["t=0s 1 RUNNING", "t=4s 1 RUNNING 1 STARTING", "t=9s 2 RUNNING", "t=30s 1 RUNNING"]
     assert timeline.nodes_of() == {"a": "10.99.0.1", "b": "10.99.1.2"}
+
+
+def test_each_prefill_engine_start_is_read_once_and_a_reused_name_shows(tmp_path: Path) -> None:
+    """One entry per replica (its Serve log), though the line also stands in the worker's .err."""
+    serve_logs = tmp_path / "session_latest" / "logs" / "serve"
+    serve_logs.mkdir(parents=True)
+    line = "INFO llm_Prefill:x {replica} -- NIXL engine id {given} (was prefill-10.99.1.2-20001)\n"
+    for replica, given in (("aaa", "prefill-10.99.1.2-20001"), ("bbb", "prefill-10.99.1.2-20001")):
+        (serve_logs / f"replica_llm_Prefill_Qwen--Qwen3-8B_{replica}.log").write_text(
+            line.format(replica=replica, given=given) * 2
+        )
+    (serve_logs.parent / "worker-1.err").write_text(line.format(replica="aaa", given="prefill-10.99.1.2-20001"))
+    (serve_logs / "replica_llm_Decode_Qwen--Qwen3-8B_ccc.log").write_text(
+        "NIXL engine id decode-1-10.99.0.2-22000 (was decode-10.99.0.2-22000)\n"
+    )
+    names = scaling.prefill_names(tmp_path)
+    # Without the incarnation (the scratch run of this case): two starts, one name, so the check fails.
+    assert names == [("prefill-10.99.1.2-20001", "prefill-10.99.1.2-20001")] * 2
+    assert len({given for given, _ in names}) < len(names)
