@@ -41,11 +41,15 @@ FAILURE_DELTAS: dict[str, str] = {
 }
 # What the scaling case changes beside CPU_DELTAS, and why (a test pins this set): Serve's own delays,
 # shortened so that 1 -> 2 -> 1 -> 2 fits a CI run. The signal, the bounds, the target and the drain
-# are the product's (serve/config.py AutoscalingConfig: 30 s, 600 s and 30 s by default).
+# are the product's. Each delay: (the value here, Serve's default in serve/config.py AutoscalingConfig).
+SCALING_DELAYS = {
+    "upscale_delay_s": (5.0, 30.0),
+    "downscale_delay_s": (20.0, 600.0),
+    "look_back_period_s": (10.0, 30.0),
+}
 SCALING_DELTAS: dict[str, str] = {
-    "deployments[].autoscaling_config.upscale_delay_s": "5: Serve's default 30 s, for a CI-sized run",
-    "deployments[].autoscaling_config.downscale_delay_s": "20: Serve's default 600 s, for a CI-sized run",
-    "deployments[].autoscaling_config.look_back_period_s": "10: Serve's default 30 s, for a CI-sized run",
+    f"deployments[].autoscaling_config.{name}": f"{value:g}: Serve's default {default:g} s, for a CI-sized run"
+    for name, (value, default) in SCALING_DELAYS.items()
 }
 # Environment of the Ray processes here, beside the product's worker environment.
 CPU_ENV = {
@@ -127,7 +131,7 @@ def apply_scaling_deltas(config: dict[str, Any]) -> None:
     for deployment in config["applications"][0].get("deployments", []):
         scaling = deployment.get("autoscaling_config")
         if scaling is not None:
-            scaling.update(upscale_delay_s=5.0, downscale_delay_s=20.0, look_back_period_s=10.0)
+            scaling.update({name: value for name, (value, _) in SCALING_DELAYS.items()})
 
 
 def is_aggregated(config: dict[str, Any]) -> bool:
