@@ -25,7 +25,7 @@ from typing import Any
 
 from rehearsal import streams
 from rehearsal.context import Context
-from rehearsal.network import DECODE_METRICS, metrics_text
+from rehearsal.network import decode_nixl_counters
 from serve_config.deployments import NAME_PREFIXES
 
 MAX_TOKENS = 32
@@ -47,13 +47,6 @@ def admitted_bound(config: dict[str, Any]) -> tuple[int, int, int]:
     )
 
 
-def _decode_counters() -> tuple[float, float]:
-    from tools.cluster_access import NixlSnapshot
-
-    nixl = NixlSnapshot.of(metrics_text(DECODE_METRICS))
-    return nixl.transfers, nixl.failed
-
-
 def burst_check(ctx: Context) -> list[Any]:
     from tools.verify import Check, poll, settled
 
@@ -61,7 +54,7 @@ def burst_check(ctx: Context) -> list[Any]:
         return []
     bound, status, retry_after = admitted_bound(ctx.config)
     burst = 2 * bound
-    transfers_before, failed_before = settled(_decode_counters)
+    transfers_before, failed_before = settled(decode_nixl_counters)
     outcomes: list[streams.Outcome] = []
     lock = threading.Lock()
     go = threading.Event()
@@ -95,8 +88,8 @@ def burst_check(ctx: Context) -> list[Any]:
     def grown(reading: tuple[float, float]) -> bool:
         return reading[0] + reading[1] - transfers_before - failed_before >= len(complete)
 
-    poll(_decode_counters, grown)
-    transfers_after, failed_after = settled(_decode_counters)
+    poll(decode_nixl_counters, grown)
+    transfers_after, failed_after = settled(decode_nixl_counters)
     transfers, nixl_failed = transfers_after - transfers_before, failed_after - failed_before
     after = streams.stream_chat(ctx, MAX_TOKENS, timeout=60.0)
     ctx.metrics.update(

@@ -172,3 +172,11 @@ def status_of(url: str, body: Any, method: str, headers: dict[str, str]) -> int:
 def metrics_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - our namespaces
         return str(response.read().decode())
+
+
+def decode_nixl_counters() -> tuple[float, float]:
+    """Decode's NIXL (transfers, failed transfers), from decode's node's exporter."""
+    from tools.cluster_access import NixlSnapshot
+
+    nixl = NixlSnapshot.of(metrics_text(DECODE_METRICS))
+    return nixl.transfers, nixl.failed

@@ -44,13 +44,13 @@ from rehearsal import streams
 from rehearsal.cluster import start_worker, stop_node_b
 from rehearsal.context import Context
 from rehearsal.network import (
-    DECODE_METRICS,
     HEAD_IP,
     NODE_C_IFACE,
     NODE_C_IP,
     NODE_C_METRICS,
     PREFILL_METRICS,
     WORKER_IP,
+    decode_nixl_counters,
     http,
     metrics_text,
     third_node,
@@ -166,13 +166,6 @@ def _prompt_tokens() -> dict[str, float]:
     return {node: metric_total(metrics_text(url), PROMPT_TOKENS) or 0.0 for node, url in NODE_METRICS.items()}
 
 
-def _decode_counters() -> tuple[float, float]:
-    from tools.cluster_access import NixlSnapshot
-
-    nixl = NixlSnapshot.of(metrics_text(DECODE_METRICS))
-    return nixl.transfers, nixl.failed
-
-
 def _deployments_of(ctx: Context) -> tuple[dict[str, Any], str]:
     """The app's deployments as Serve reports them (status, options in force, replicas), and its status."""
     live = http(f"{ctx.dashboard}/api/serve/applications/", headers=ctx.headers)
@@ -269,7 +262,7 @@ def scaling_check(ctx: Context) -> list[Any]:
     with third_node(ctx.nodes) as node_c, Timeline(ctx, deployment) as timeline:
         try:
             start_worker(ctx.env, ctx.temp_dir, node_c, ip=NODE_C_IP, iface=NODE_C_IFACE, resources={SIDE: 1})
-            transfers_before, failed_before = settled(_decode_counters)
+            transfers_before, failed_before = settled(decode_nixl_counters)
             sets = [set(timeline.replicas())]
             tokens = [_prompt_tokens()]
             for step, running, loaded in (("1 -> 2 under load", 2, True), ("2 -> 1 idle", 1, False),
@@ -287,7 +280,7 @@ def scaling_check(ctx: Context) -> list[Any]:
                     steps[step] = timeline.wait_for(running, DOWN_WITHIN_S)
                     sets.append(set(timeline.replicas()))
                 tokens.append(_prompt_tokens())
-            transfers_after, failed_after = settled(_decode_counters)
+            transfers_after, failed_after = settled(decode_nixl_counters)
         finally:
             stop_node_b(node_c)
     nodes = timeline.nodes_of()
