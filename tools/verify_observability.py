@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -163,14 +162,20 @@ def sigv4_query(query_url: str, region: str) -> Query:
     import boto3
     from botocore.auth import SigV4Auth
     from botocore.awsrequest import AWSRequest
+    from botocore.utils import percent_encode_sequence
 
     credentials = boto3.Session().get_credentials()
 
     def query(promql: str) -> list[Any]:
-        url = f"{query_url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        # SigV4 signs the URL's query as written (botocore/auth.py, canonical_query_string), and the
+        # service canonicalises what it receives with a space as %20. urllib's urlencode writes '+',
+        # so the signatures would differ; percent_encode_sequence is the encoding botocore gives its
+        # own requests' queries (botocore/awsrequest.py, prepare_request_dict). The URL signed is the
+        # URL sent.
+        url = f"{query_url.rstrip('/')}/api/v1/query?{percent_encode_sequence({'query': promql})}"
         request = AWSRequest(method="GET", url=url)
         SigV4Auth(credentials, "aps", region).add_auth(request)
-        prepared = urllib.request.Request(url, headers=dict(request.headers))  # noqa: S310 - the workspace URL
+        prepared = urllib.request.Request(request.url, headers=dict(request.headers))  # noqa: S310 - the workspace
         with urllib.request.urlopen(prepared, timeout=30) as response:  # noqa: S310
             body = json.loads(response.read().decode())
         result: list[Any] = body["data"]["result"]
