@@ -42,6 +42,8 @@ AGENT_SERVICE_ACCOUNT = "cloudwatch-agent"
 ADDON_LOG_GROUPS = ("application", "dataplane", "host", "performance")
 # What the Ray pods export on (KubeRay's container port `metrics`).
 RAY_METRICS_PORT = 8080
+# The EKS API server's endpoint (private and public alike).
+EKS_API_PORT = 443
 # The Kubernetes user a managed collector acts as (its access entry's username; AMP user guide,
 # "Configuring your Amazon EKS cluster": a binding for aps-collector-user).
 COLLECTOR_USER = "aps-collector-user"
@@ -108,7 +110,8 @@ class Observability(Construct):
 
     Args:
         settings: thresholds, the scrape interval, the alarm e-mail, names.
-        cluster: the EKS cluster; its security group gets the one rule that admits the collector to 8080.
+        cluster: the EKS cluster; its security group admits the collector to 8080, and the groups of its
+            API endpoint admit it to 443.
         vpc: the collector's ENIs go in its private subnets.
         logs_key: encrypts the add-on's log groups.
 
@@ -118,6 +121,10 @@ class Observability(Construct):
         topic: the alarms' SNS topic.
         dashboard: the CloudWatch dashboard (Container Insights panels).
         scraper_security_group: the collector's ENIs' group.
+        scrape_ingress, api_ingress: the rules that admit that group to the Ray pods' 8080 and to
+            the EKS API's 443 (on each group the API endpoint's ENIs carry).
+        notifying_alarms: the CloudWatch alarms whose actions publish to the topic; CloudWatch may
+            publish for these and no other.
         collector_rbac: the Role and RoleBinding that let the collector list the serving namespace's
             pods (the stack makes it wait for the namespace).
     """
@@ -228,6 +235,26 @@ class Observability(Construct):
             to_port=RAY_METRICS_PORT,
             description="Managed Prometheus collector to the Ray pods metrics port",
         )
+        # The collector finds its targets through the EKS API, from its own ENIs. The AMP user guide
+        # ("Using an AWS managed collector", creating a scraper) requires the cluster's endpoint
+        # access to include private access, and has the scraper's subnets and security groups be the
+        # cluster's: with a group of its own, that group must reach the API server. The private
+        # endpoint's ENIs carry the cluster security group and the control-plane group aws_eks_v2
+        # puts in ResourcesVpcConfig; cluster.connections holds both. Without 443 the collector
+        # discovers no pod and every Ray series is absent.
+        self.api_ingress = [
+            ec2.CfnSecurityGroupIngress(
+                self,
+                f"ScraperToEksApi{group.node.id}",
+                group_id=group.security_group_id,
+                source_security_group_id=self.scraper_security_group.security_group_id,
+                ip_protocol="tcp",
+                from_port=EKS_API_PORT,
+                to_port=EKS_API_PORT,
+                description="Managed Prometheus collector to the EKS API (pod discovery)",
+            )
+            for group in cluster.connections.security_groups
+        ]
         private = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         self.scraper = aps.CfnScraper(
             self,
@@ -248,7 +275,7 @@ class Observability(Construct):
                 configuration_blob=Fn.base64(render_scrape(s, cluster.cluster_arn))
             ),
         )
-        self.scraper.node.add_dependency(self.scrape_ingress)
+        self.scraper.node.add_dependency(self.scrape_ingress, *self.api_ingress)
         # The collector's access entry is EKS's (API authentication mode); what it may read is ours.
         self.collector_rbac = eks.KubernetesManifest(
             self, "CollectorRbac", cluster=as_icluster(cluster), manifest=collector_rbac(s.serving_namespace)
@@ -290,7 +317,6 @@ class Observability(Construct):
             evaluation_periods=3,
             treat_missing_data=cloudwatch.TreatMissingData.MISSING,
         )
-        self.node_not_ready.add_alarm_action(action)
         self.efa_flat = cloudwatch.Alarm(
             self,
             "EfaFlat",
@@ -325,7 +351,32 @@ class Observability(Construct):
                 cloudwatch.AlarmRule.from_alarm(self.kv_on_pod_network, cloudwatch.AlarmState.ALARM),
             ),
         )
-        self.kv_off_efa.add_alarm_action(action)
+        # The composite's two halves notify only through it.
+        self.notifying_alarms: list[cloudwatch.AlarmBase] = [self.node_not_ready, self.kv_off_efa]
+        for alarm in self.notifying_alarms:
+            alarm.add_alarm_action(action)
+        self._let_alarms_publish(self.notifying_alarms)
+
+    def _let_alarms_publish(self, alarms: list[cloudwatch.AlarmBase]) -> None:
+        """Let CloudWatch publish these alarms' actions to the topic.
+
+        A topic policy replaces SNS's default one, so without this Allow every alarm action is
+        refused (AWS Knowledge Center "cloudwatch-receive-sns-for-alarm-trigger":
+        `...:alarm:<name> is not authorized to perform: SNS:Publish`). CloudWatch names the alarm in
+        aws:SourceArn; the condition lists this stack's alarms rather than `alarm:*`, so no other
+        alarm of the account can page whoever the topic reaches."""
+        stack = Stack.of(self)
+        self.topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[self.topic.topic_arn],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnEquals": {"aws:SourceArn": [alarm.alarm_arn for alarm in alarms]},
+                },
+            )
+        )
 
     def dashboard_url(self) -> str:
         region = Stack.of(self).region

@@ -132,15 +132,16 @@ def test_the_collector_sits_in_the_private_subnets_of_two_azs_with_its_own_group
     assert group["Fn::GetAtt"][0].startswith("ObservabilityScraperSecurityGroup")
 
 
-def test_only_one_rule_admits_the_collector_and_only_to_8080_on_the_cluster_group() -> None:
+def test_one_rule_admits_the_collector_to_8080_and_only_on_the_cluster_group() -> None:
+    """Its other rules are the EKS API's 443 (tests/test_scraper_reachability.py follows both paths)."""
     template = synth()
     scraper_group = _scraper(template)["Source"]["EksConfiguration"]["SecurityGroupIds"][0]["Fn::GetAtt"][0]
     rules = [
         r["Properties"]
         for r in resources(template, "AWS::EC2::SecurityGroupIngress").values()
         if json.dumps(r["Properties"].get("SourceSecurityGroupId")).find(scraper_group) >= 0
+        and r["Properties"]["FromPort"] != 443
     ]
-    assert len(rules) == 1
     (rule,) = rules
     assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", RAY_METRICS_PORT, RAY_METRICS_PORT)
     assert rule["GroupId"] == {
@@ -253,15 +254,16 @@ def test_the_monthly_estimate_counts_the_measured_series_at_the_interval() -> No
     from settings.estimates import HOURS_PER_MONTH, observability_monthly_cost, ray_series
 
     s = validate(Settings())
-    # 1407 for the head + 1154 per worker (the recorded pd scrape), every 30 s for 730 h.
-    assert ray_series(s) == 3715
+    # The head's 1407, the ingress pod's 789 and 1154 per engine pod (tests/test_estimates.py derives them
+    # from the recorded pd scrape and the RayService's pods), every 30 s for 730 h.
+    assert ray_series(s) == 4504
     lines = {line.item: (line.per_hour or 0) * HOURS_PER_MONTH for line in observability_monthly_cost(s)}
     (ingestion,) = [cost for item, cost in lines.items() if item.startswith("managed Prometheus ingestion")]
-    assert ingestion == pytest.approx(3715 * 730 * 3600 / 30 / 1e7 * 0.90)
+    assert ingestion == pytest.approx(4504 * 730 * 3600 / 30 / 1e7 * 0.90)
     slower = validate(Settings(observability_scrape_interval_seconds=60))
     assert sum(line.per_hour or 0 for line in observability_monthly_cost(slower)) < sum(lines.values()) / 730
     assert observability_monthly_cost(validate(Settings(observability=False))) == []
-    assert synth()["Outputs"]["EstimatedObservabilityPerMonth"]["Value"].startswith("observability ~$80/month")
+    assert synth()["Outputs"]["EstimatedObservabilityPerMonth"]["Value"].startswith("observability ~$86/month")
 
 
 def test_cfn_lint_is_clean_with_the_email_and_another_interval_and_with_observability_off() -> None:
