@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import serve_config
 from settings import catalog, sizing
 from settings.model import Settings
 
@@ -94,10 +95,16 @@ def cost_summary(s: Settings) -> str:
 
 # --- Observability (issue 20), per month ---------------------------------------------
 # Series the Ray pods export, measured: the pd rehearsal's scrape of both nodes on 2026-12-01
-# (tests/data/observability_scrape_*.prom.gz): node A (the head and one prefill worker) 2561,
-# node B (one decode worker) 1154. So about 1154 per worker and 1407 for the head.
-RAY_SERIES_PER_WORKER = 1154
-RAY_SERIES_HEAD = 2561 - RAY_SERIES_PER_WORKER
+# (tests/data/observability_scrape_*.prom.gz). Node B, one decode worker: 1154, of them 365 vLLM's
+# engine series (`ray_vllm_*`). Node A, one Ray node holding the head, the ingress replica and a
+# prefill worker: 2561. On EKS each of those is a pod of its own, and every pod is a Ray node the
+# collector scrapes: each exports its own raylet, agent and worker series.
+RAY_SERIES_PER_ENGINE_POD = 1154
+RAY_ENGINE_SERIES = 365
+# Node A beyond one worker: the head's GCS and Serve controller, and the ingress replica's own series.
+RAY_SERIES_HEAD = 2561 - RAY_SERIES_PER_ENGINE_POD
+# The ingress pod: a Ray node without an engine (estimated from node B, not measured on its own).
+RAY_SERIES_PER_INGRESS_POD = RAY_SERIES_PER_ENGINE_POD - RAY_ENGINE_SERIES
 # Amazon Managed Service for Prometheus pricing, us-east-1: ingestion, first 2 billion samples a
 # month; storage (a sample is 1-2 bytes, say 2, metadata extra).
 AMP_PER_10M_SAMPLES = 0.90
@@ -122,8 +129,23 @@ CONTAINER_LOGS_GB_PER_MONTH = 2.0
 OBSERVED_PODS_PER_NODE = 10  # system pods, device plugins, the add-on's, Ray's: about
 
 
+def scraped_ray_pods(s: Settings) -> dict[str, int]:
+    """The RayService's pods at its starting size, by kind: the head, the ingress group's pods (on the
+    system nodes) and one pod per engine replica of each side."""
+    return {
+        "head": 1,
+        "ingress": serve_config.ingress_replicas(),
+        "engine": sum(s.side_replicas(side) for side in sizing.SIDES),
+    }
+
+
 def ray_series(s: Settings) -> int:
-    return RAY_SERIES_HEAD + RAY_SERIES_PER_WORKER * (s.prefill_replicas + s.decode_replicas)
+    pods = scraped_ray_pods(s)
+    return (
+        RAY_SERIES_HEAD * pods["head"]
+        + RAY_SERIES_PER_INGRESS_POD * pods["ingress"]
+        + RAY_SERIES_PER_ENGINE_POD * pods["engine"]
+    )
 
 
 def observability_monthly_cost(s: Settings) -> list[CostLine]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -196,3 +198,40 @@ def test_the_scale_up_table_prints_every_term_and_the_cost_at_both_ends() -> Non
         assert term.what in table and term.source in table
     assert "total" in table and "8.6-14.2 min" in table
     assert "~$4.65 at the minimum (2 GPU nodes), ~$8.69 at the maximum (4 GPU nodes)" in table
+
+
+# --- The observability estimate: every Ray pod the collector scrapes ----------------------------------------
+SCRAPES = Path(__file__).parent / "data"
+
+
+def _scraped_series(name: str, prefix: str = "") -> int:
+    """Series in a recorded scrape of one Ray node (tests/data), optionally only those whose name starts so."""
+    with gzip.open(SCRAPES / f"observability_scrape_{name}.prom.gz", "rt") as f:
+        return sum(1 for line in f if line.strip() and not line.startswith("#") and line.startswith(prefix))
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"prefill_replicas": "2", "decode_replicas": "3"}], ids=["defaults", "more replicas"]
+)
+def test_the_observability_estimate_counts_every_ray_pod_the_rayservice_runs(overrides: dict[str, str]) -> None:
+    """Every pod of the synthesized RayService is a Ray node the collector scrapes on 8080, the ingress
+    group's on the system nodes too. Per pod, from the pd rehearsal's recorded scrapes: an engine pod
+    exports what the decode node did; the ingress pod, a Ray node without an engine, that less vLLM's
+    `ray_vllm_*` series; the head, what the other node (head, ingress replica and a prefill worker in
+    one Ray node there) exported beyond a worker."""
+    from settings.estimates import ray_series
+    from settings.loading import settings_from
+    from tests.conftest import PROJECT_CONTEXT, rayservice_from
+
+    config = rayservice_from(synth(**overrides))["spec"]["rayClusterConfig"]
+    pods = {"headgroup": 1, **{g["groupName"]: g["replicas"] for g in config["workerGroupSpecs"]}}
+    assert pods.get("ingress", 0) >= 1
+    engine_pod = _scraped_series("decode")
+    per_pod = {
+        "headgroup": _scraped_series("prefill") - engine_pod,
+        "prefill": engine_pod,
+        "decode": engine_pod,
+        "ingress": engine_pod - _scraped_series("decode", "ray_vllm_"),
+    }
+    expected = sum(per_pod[group] * count for group, count in pods.items())
+    assert ray_series(settings_from({**PROJECT_CONTEXT, **overrides})) == expected
