@@ -389,8 +389,12 @@ class Quota:
 
 
 # Service Quotas codes (AWS General Reference, "Amazon EC2 endpoints and quotas"
-# and "Amazon VPC endpoints and quotas"; ../shared/FACTS.md for the two vCPU quotas).
+# and "Amazon VPC endpoints and quotas"). The On-Demand vCPU quotas are Service
+# Quotas' own, in service ec2 (`aws service-quotas list-service-quotas --service-code ec2`;
+# botocore has no mapping from instance type to quota): each quota's name lists the
+# families it counts.
 GVT_VCPUS = Quota("ec2", "L-DB2E81BA", "Running On-Demand G and VT instances", "G and VT vCPUs")
+P_VCPUS = Quota("ec2", "L-417A185B", "Running On-Demand P instances", "P vCPUs")
 STANDARD_VCPUS = Quota(
     "ec2", "L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", "standard vCPUs"
 )
@@ -398,6 +402,28 @@ ELASTIC_IPS = Quota("ec2", "L-0263D0A3", "EC2-VPC Elastic IPs", "Elastic IPs")
 VPCS = Quota("vpc", "L-F678F1CE", "VPCs per Region", "VPCs")
 INTERNET_GATEWAYS = Quota("vpc", "L-A4707A72", "Internet gateways per Region", "internet gateways")
 NAT_GATEWAYS_PER_AZ = Quota("vpc", "L-FE5A380F", "NAT gateways per Availability Zone", "NAT gateways per AZ")
+# The vCPU quota that counts an instance, by its family's letters (the type's name up to its first
+# digit: g6e.12xlarge -> g, p4d.24xlarge -> p, im4gn.large -> im). p4d and p5 count against
+# P, g5, g6 and g6e against G and VT, m7i against Standard. Families with quotas of their own
+# (inf, trn, dl, hpc, x, u, f, mac) are in none of these three, so they are left out.
+VCPU_QUOTA_BY_FAMILY_LETTERS: Mapping[str, Quota] = MappingProxyType(
+    {
+        "g": GVT_VCPUS,
+        "gr": GVT_VCPUS,
+        "vt": GVT_VCPUS,
+        "p": P_VCPUS,
+        **{letters: STANDARD_VCPUS for letters in ("a", "c", "d", "h", "i", "im", "is", "m", "r", "t", "z")},
+    }
+)
+
+
+def vcpu_quota(instance_type: str) -> Quota | None:
+    """The On-Demand vCPU quota that counts this instance type, or None for a family outside the table."""
+    family = instance_type.split(".", 1)[0]
+    letters = family[: len(family) - len(family.lstrip("abcdefghijklmnopqrstuvwxyz"))]
+    return VCPU_QUOTA_BY_FAMILY_LETTERS.get(letters)
+
+
 # A managed node group update (new AMI, launch template) first raises the group's
 # size by the larger of twice its number of AZs or maxUnavailable (default 1),
 # and only then drains old nodes (EKS user guide, "Understand each phase of node

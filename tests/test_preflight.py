@@ -24,7 +24,6 @@ from tests.conftest import ROOT
 from tools.preflight.__main__ import main, markdown, table
 from tools.preflight.account import cli_bootstrap_version
 from tools.preflight.base import Account, Result
-from tools.preflight.capacity import is_gvt, is_standard
 from tools.preflight.checks import run
 from tools.preflight.context_file import write_context
 from tools.preflight.zones import RECORD_KEY
@@ -372,23 +371,6 @@ def test_standard_vcpu_quota_counts_standard_families_only() -> None:
     # m7i.2xlarge counts (8), inf2 and g5 do not; 2 system nodes need 8, an update up to 2 per AZ more.
     assert status == "WARN" and "8 in use" in line.detail and "need 8" in line.detail
     assert status_of(STANDARD, account(**{"service-quotas:GetServiceQuota": quotas(L_1216C47A=12)}), *GOOD)[0] == "FAIL"
-
-
-def test_instance_families() -> None:
-    assert [is_gvt(t) for t in ("g6.8xlarge", "g4dn.xlarge", "gr6.4xlarge", "vt1.3xlarge", "m7i.xlarge")] == [
-        True,
-        True,
-        True,
-        True,
-        False,
-    ]
-    assert [is_standard(t) for t in ("m7i.xlarge", "c7g.large", "im4gn.large", "inf2.xlarge", "trn1.2xlarge")] == [
-        True,
-        True,
-        True,
-        False,
-        False,
-    ]
 
 
 def test_a_quota_never_adjusted_falls_back_to_the_default() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
 from botocore.exceptions import ClientError
@@ -161,25 +160,10 @@ def _capacity_block_window(detail: str, start: datetime | None, end: datetime | 
 
 
 # --- vCPU quotas ---------------------------------------------------------------------
-def _family(instance_type: str) -> str:
-    found = re.match(r"[a-z]+", instance_type)
-    return found.group(0) if found else ""
-
-
-def is_gvt(instance_type: str) -> bool:
-    """Counted by "Running On-Demand G and VT instances" (g4dn, g6, gr6, vt1, ...)."""
-    return _family(instance_type).startswith(("g", "vt"))
-
-
-def is_standard(instance_type: str) -> bool:
-    """Counted by "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"."""
-    family = _family(instance_type)
-    return family[:1] in set("acdhimrtz") and not family.startswith(("inf", "dl", "mac", "hpc", "trn"))
-
-
-def running_vcpus(account: Account) -> tuple[int, int]:
-    """(G and VT vCPUs, standard vCPUs) of the region's pending and running On-Demand instances."""
-    gvt = standard = 0
+def running_vcpus(account: Account) -> dict[str, int]:
+    """The vCPUs of the region's pending and running On-Demand instances, by the code of the quota
+    that counts them (settings/catalog.py vcpu_quota)."""
+    used: dict[str, int] = {}
     for reservation in pages(
         account.client("ec2"),
         "describe_instances",
@@ -189,13 +173,20 @@ def running_vcpus(account: Account) -> tuple[int, int]:
         for instance in reservation["Instances"]:
             if instance.get("InstanceLifecycle") == "spot":
                 continue
+            quota = catalog.vcpu_quota(instance["InstanceType"])
+            if quota is None:
+                continue
             cpu = instance.get("CpuOptions", {})
-            vcpus = cpu.get("CoreCount", 0) * cpu.get("ThreadsPerCore", 1)
-            if is_gvt(instance["InstanceType"]):
-                gvt += vcpus
-            elif is_standard(instance["InstanceType"]):
-                standard += vcpus
-    return gvt, standard
+            used[quota.code] = used.get(quota.code, 0) + cpu.get("CoreCount", 0) * cpu.get("ThreadsPerCore", 1)
+    return used
+
+
+def _quota_of(instance_type: str) -> catalog.Quota:
+    # Every type the settings accept has its quota: a test holds settings/catalog.py to it.
+    quota = catalog.vcpu_quota(instance_type)
+    if quota is None:
+        raise LookupError(f"settings/catalog.py VCPU_QUOTA_BY_FAMILY_LETTERS has no quota for {instance_type}")
+    return quota
 
 
 def _quota_line(
@@ -239,17 +230,24 @@ def vcpu_quotas(account: Account) -> list[Result]:
     settings = account.settings
     if not account.gpu_vcpus:
         return []  # the EFA check could not describe the types; it has said so
-    gvt, standard = running_vcpus(account)
+    used = running_vcpus(account)
     surge = catalog.NODE_UPDATE_SURGE_PER_AZ
     system_azs = settings.max_azs if settings.vpc_id is None else max(2, len(account.private_subnet_azs))
+    gpu_quota, system_quota = _quota_of(settings.gpu_instance_type), _quota_of(settings.system_instance_type)
     return [
         _quota_line(
-            account, catalog.GVT_VCPUS, gvt, sizing.gpu_node_bounds(settings), surge, account.gpu_vcpus, "the GPU nodes"
+            account,
+            gpu_quota,
+            used.get(gpu_quota.code, 0),
+            sizing.gpu_node_bounds(settings),
+            surge,
+            account.gpu_vcpus,
+            "the GPU nodes",
         ),
         _quota_line(
             account,
-            catalog.STANDARD_VCPUS,
-            standard,
+            system_quota,
+            used.get(system_quota.code, 0),
             (settings.system_nodes_desired, settings.system_nodes_desired),
             surge * system_azs,
             account.system_vcpus,
