@@ -58,20 +58,25 @@ def _promtool_test(tmp_path: Path, rules_text: str, tests: list[dict[str, Any]])
 
 
 # --- NixlFailedTransfers, with promtool -------------------------------------------------------------
-# One sample a minute. promtool's notation: '_x5' is 5 missing samples, '1x8' is 1 for 9 samples.
+# One sample a minute. promtool's notation: '_x5' is 5 missing samples, '1x15' is 1 for 16 samples.
 # decode-a: an engine's first failures, exported at 1 from minute 5 (no sample before: nothing was incremented).
-# decode-b: that engine restarted (a new pod, a new series), failing at once: born at 2 at minute 17.
+# decode-b: that engine restarted (a new pod, a new series) and failed at once: born at 2 at minute 24.
 # prefill: failed once before minute 0; its scrape stops for 12 minutes and comes back with the same
-# value (not a failure); then 3 more failures at minute 34.
+# value (no failure); then 3 more failures at minute 54.
 NIXL_SERIES = [
-    {"series": f'{FAILED}{{ray_group="decode", pod="decode-a"}}', "values": "_x5 1x8"},
-    {"series": f'{FAILED}{{ray_group="decode", pod="decode-b"}}', "values": "_x17 2x10"},
-    {"series": f'{FAILED}{{ray_group="prefill", pod="prefill-a"}}', "values": "1x10 _x12 1x10 4x5"},
+    {"series": f'{FAILED}{{ray_group="decode", pod="decode-a"}}', "values": "_x5 1x15"},
+    {"series": f'{FAILED}{{ray_group="decode", pod="decode-b"}}', "values": "_x24 2x10"},
+    {"series": f'{FAILED}{{ray_group="prefill", pod="prefill-a"}}', "values": "1x30 _x12 1x10 4x5"},
 ]
 # eval minute -> the sides that alert then.
-NIXL_FIRES = {8: ["decode"], 12: [], 19: ["decode"], 25: [], 36: ["prefill"], 45: []}
+NIXL_FIRES = {8: ["decode"], 12: [], 26: ["decode"], 45: [], 56: ["prefill"], 65: []}
 # eval minute -> the panel's value per side ("" is the panel's fallback when no side has a series).
-NIXL_PANEL_VALUES = {8: {"decode": 1, "prefill": 0}, 12: {"decode": 0, "prefill": 0}, 19: {"decode": 2}, 45: {"": 0}}
+NIXL_PANEL_VALUES = {
+    8: {"decode": 1, "prefill": 0},
+    12: {"decode": 0, "prefill": 0},
+    26: {"decode": 2, "prefill": 0},
+    65: {"": 0},
+}
 
 
 def _nixl_alert_tests(rule: dict[str, Any], fires: dict[int, list[str]]) -> list[Any]:
