@@ -63,8 +63,10 @@ def _error(status: int, message: str, error_type: str, code: str, headers: dict[
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
-# The last event of every stream Ray's ingress ends normally (ingress.py, _openai_json_wrapper).
-STREAM_END = "[DONE]"
+# The last event of every stream Ray's ingress ends normally. Ray's wrapper tells it by the end of a
+# packet (utils.py, _openai_json_wrapper: endswith "data: [DONE]"): a generated token "[DONE]" sits
+# inside a JSON event, so a substring match would take a cut after it for a whole answer.
+STREAM_END = "data: [DONE]"
 INTERRUPTED = (
     "The stream was interrupted: the replica generating it stopped (its engine or its node failed). "
     "The answer above is incomplete; retry the request."
@@ -83,7 +85,7 @@ async def error_at_a_cut(chunks: AsyncIterable[Any], request_id: str) -> AsyncIt
     try:
         async for chunk in chunks:
             text = chunk.decode(errors="replace") if isinstance(chunk, bytes) else str(chunk)
-            ended = ended or STREAM_END in text
+            ended = text.strip().endswith(STREAM_END)
             yield chunk
     except Exception as err:  # whatever ended the stream, the client must hear of it
         logger.warning("stream %s cut: %s: %s", request_id, type(err).__name__, str(err)[:200])
@@ -152,7 +154,7 @@ class KeyFile:
                 keys[str(key_id)] = key.encode()
             else:
                 logger.error("API key %r ignored: not a string of %d+ characters", str(key_id), MIN_KEY_LENGTH)
-        self._replace(stamp, keys, None)
+        self._replace(stamp, keys, None if keys else "no usable API key in the keys file")
 
     def _replace(self, stamp: tuple[int, int, int] | None, keys: dict[str, bytes], problem: str | None) -> None:
         with self._lock:

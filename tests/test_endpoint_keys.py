@@ -460,6 +460,26 @@ def test_an_unreadable_keys_file_refuses_everyone(ingress: SimpleNamespace) -> N
     assert response.status_code == 503 and response.json()["error"]["code"] == "keys_unavailable"
 
 
+SHORT = "short-key"  # under MIN_KEY_LENGTH
+
+
+@pytest.mark.parametrize("rotated", [{}, {"team-c": SHORT, "team-d": "x" * 15}], ids=["empty", "all-too-short"])
+def test_a_rotation_to_no_usable_key_refuses_every_caller_with_503(
+    ingress: SimpleNamespace, rotated: dict[str, str]
+) -> None:
+    """A Secret rotated to `{}` or to keys all too short must not leave the old keys, or the short ones, working."""
+    assert ingress.client.get("/v1/models", headers=_auth(GOOD)).status_code == 200
+    write_like_the_kubelet(ingress.keys_dir, rotated, 2)
+    callers: list[dict[str, str]] = [{}, _auth(GOOD), _auth(OTHER), *(_auth(key) for key in rotated.values())]
+    for headers in callers:
+        for method, path, kwargs in (("GET", "/v1/models", {}), ("POST", "/v1/chat/completions", {"json": CHAT})):
+            response = ingress.client.request(method, path, headers=headers, **kwargs)
+            assert response.status_code == 503, (headers, path, response.status_code)
+            assert response.json()["error"]["code"] == "keys_unavailable"
+    assert ingress.handle.calls == 0
+    assert any("no usable API key" in record for record in ingress.records)
+
+
 def test_a_key_past_its_rate_gets_429_with_retry_after(ingress: SimpleNamespace) -> None:
     from ray_pods.api_keys import RateLimit
 
@@ -478,6 +498,31 @@ def test_logs_name_the_key_id_and_never_a_key(ingress: SimpleNamespace) -> None:
     assert "key id team-a" in text
     assert "unknown key sha256:" in text
     assert GOOD not in text and OTHER not in text
+
+
+def test_no_refusal_logs_the_key_it_was_shown(ingress: SimpleNamespace) -> None:
+    """Every refusal the ingress makes, each with a key in the request: none may reach a log record."""
+    from ray_pods.api_keys import RateLimit
+
+    chat = "/v1/chat/completions"
+    statuses = [
+        ingress.client.post(chat, json=CHAT).status_code,
+        ingress.client.post(chat, json=CHAT, headers=_auth(OTHER)).status_code,
+        ingress.client.post(chat, json={"model": MODEL}, headers=_auth(GOOD)).status_code,
+        ingress.client.post(chat, json={**CHAT, "model": "no/such"}, headers=_auth(GOOD)).status_code,
+        ingress.client.post(
+            chat, content=json.dumps(CHAT), headers={**_auth(GOOD), "Content-Type": "text/plain"}
+        ).status_code,
+    ]
+    ingress.instance._limit = RateLimit(1)
+    statuses += [ingress.client.get("/v1/models", headers=_auth(GOOD)).status_code for _ in range(2)]
+    write_like_the_kubelet(ingress.keys_dir, {}, 2)
+    statuses.append(ingress.client.post(chat, json=CHAT, headers=_auth(GOOD)).status_code)
+    assert statuses == [401, 401, 400, 404, 415, 200, 429, 503]
+    assert ingress.records, "nothing was logged: the test would prove nothing"
+    for key in (GOOD, OTHER):
+        leaked = [record for record in ingress.records if key in record]
+        assert not leaked, leaked
 
 
 def test_the_replica_refuses_to_start_without_a_usable_key(tmp_path: Path) -> None:
@@ -508,11 +553,15 @@ def test_the_rate_window_slides() -> None:
 class DyingStreamHandle(FakeModelHandle):
     """Decode's handle when its replica dies mid-stream (its node went away): two chunks, then Ray's error."""
 
+    def __init__(self, texts: tuple[str, ...] = ("Once", " upon")) -> None:
+        super().__init__()
+        self.texts = texts
+
     async def _answer(self) -> AsyncIterator[Any]:
         from ray.exceptions import ActorUnavailableError
         from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionStreamResponse
 
-        for text in ("Once", " upon"):
+        for text in self.texts:
             yield ChatCompletionStreamResponse.model_validate(
                 {"id": "c", "created": 0, "model": MODEL, "choices": [{"index": 0, "delta": {"content": text}}]}
             )
@@ -530,6 +579,17 @@ def test_a_stream_cut_by_a_dying_replica_ends_with_an_error_event_not_a_silent_e
     assert "[DONE]" not in events
     assert json.loads(events[-1])["error"]["code"] == "stream_interrupted"
     assert any("cut: ActorUnavailableError" in record for record in ingress.records)
+
+
+@pytest.mark.parametrize("token", ["[DONE]", "data: [DONE]", "data: [DONE]\n\n"])
+def test_a_generated_done_token_does_not_hide_a_later_cut(ingress: SimpleNamespace, token: str) -> None:
+    """The model may write "[DONE]" itself; only the packet Ray's wrapper ends a stream with is its end."""
+    ingress.instance._default_serve_handles[MODEL] = DyingStreamHandle(("Once", token))
+    response = ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=_auth(GOOD))
+    events = [line[len("data: ") :] for line in response.text.split("\n\n") if line.startswith("data: ")]
+    assert "error" in json.loads(events[-1]), f"the cut stream ended silently: {events[-1]}"
+    assert json.loads(events[-1])["error"]["code"] == "stream_interrupted"
+    assert [json.loads(e)["choices"][0]["delta"].get("content") for e in events[:-1]] == ["Once", token]
 
 
 def test_a_stream_that_ends_normally_gets_no_error_event(ingress: SimpleNamespace) -> None:
