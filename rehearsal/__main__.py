@@ -17,36 +17,41 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rehearsal.margins import CASE_CAPS, Limit
+
 ROOT = Path(__file__).resolve().parent.parent
+# bench compare on the two cases' results: it reads files and draws one figure (seconds, not minutes).
+COMPARE_CAP_S = 120
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     passes: bool
-    # The case's cap: past it the case fails. Together with pytest they keep `make test` under
-    # 60 minutes on two cores (README "Reliability" gives each cap beside its last measured time).
-    cap_s: int
     # For a failure case: what the one-line failure must say, and what the logs must show.
     failure: str = ""
     evidence: str = ""
+
+    @property
+    def cap(self) -> Limit:
+        """Past it the case fails: the slowest run seen with its margin (rehearsal/margins.py)."""
+        return CASE_CAPS[self.name]
 
 
 # How deploy() ends a failure case: the app reached its terminal status and the endpoint served no chat.
 _FAILED = r"deploy failed: app DEPLOY_FAILED after \d+ s, endpoint served no chat \(chat: [^)]*\); "
 
 CASES = (
-    Case("pd", passes=True, cap_s=1300),
+    Case("pd", passes=True),
     # The same GPUs serving aggregated (serving_mode=aggregated): it serves, with no NIXL anywhere.
-    Case("aggregated", passes=True, cap_s=300),
+    Case("aggregated", passes=True),
     # Prefill with a range: Serve scales it 1 -> 2 -> 1 -> 2 with the traffic (rehearsal/scaling.py).
-    Case("scaling", passes=True, cap_s=950),
+    Case("scaling", passes=True),
     # A product config with backends [UCX]: across two nodes decode's pre-warm fails the NIXL
     # handshake and the app fails; where UCX does connect, verify flags the UCX backend.
     Case(
         "ucx",
         passes=False,
-        cap_s=200,
         failure=rf"UCX backend instantiated|{_FAILED}an engine could not start or pre-warm: NIXL transfer failure",
         evidence=r"Backend UCX was instantiated",
     ),
@@ -55,7 +60,6 @@ CASES = (
     Case(
         "wrong-side-channel",
         passes=False,
-        cap_s=200,
         failure=rf"{_FAILED}an engine could not start or pre-warm: NIXL transfer failure: handshake_",
         evidence=r"NIXL transfer failure: handshake_\w+",
     ),
@@ -63,7 +67,6 @@ CASES = (
     Case(
         "no-plugin",
         passes=False,
-        cap_s=200,
         failure=rf"{_FAILED}an engine could not start.*(unsupported backend 'LIBFABRIC'|Skipping backend)",
         evidence=r"createBackend: unsupported backend 'LIBFABRIC'|Skipping backend registration LIBFABRIC",
     ),
@@ -79,9 +82,11 @@ def run_case(case: Case, out: Path) -> tuple[bool, str]:
         shutil.rmtree(results, ignore_errors=True)
         command += ["--results", str(results)]
     try:
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=case.cap_s, check=False)
+        result = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=case.cap.limit_s, check=False
+        )
     except subprocess.TimeoutExpired:
-        return False, f"{case.name}: no result within its cap of {case.cap_s} s"
+        return False, f"{case.name}: no result within its cap of {case.cap.limit_s:.0f} s"
     elapsed = time.monotonic() - started
     (out / f"{case.name}.stdout.txt").write_text(result.stdout)
     (out / f"{case.name}.stderr.txt").write_text(result.stderr)
@@ -90,14 +95,15 @@ def run_case(case: Case, out: Path) -> tuple[bool, str]:
     failure_lines = [line for line in result.stderr.splitlines() if line.startswith("rehearsal FAILED")]
     if case.passes:
         ok = result.returncode == 0
-        return ok, f"{case.name}: {'passed' if ok else failure_lines[-1:] or result.stderr[-500:]} in {elapsed:.0f} s"
+        outcome = "passed" if ok else failure_lines[-1:] or result.stderr[-500:]
+        return ok, f"{case.name}: {outcome}; {case.cap.used(elapsed)}"
     if result.returncode == 0:
-        return False, f"{case.name}: passed, but it must fail ({elapsed:.0f} s)"
+        return False, f"{case.name}: passed, but it must fail; {case.cap.used(elapsed)}"
     line = failure_lines[-1] if failure_lines else result.stderr.strip().splitlines()[-1:]
     said = re.search(case.failure, str(line)) is not None
     shown = not case.evidence or re.search(case.evidence, result.stderr + result.stdout) is not None
     evidence = [m.group(0) for m in re.finditer(case.evidence, result.stderr)][:1] if case.evidence else []
-    return said and shown, f"{case.name}: failed as expected: {line} {evidence} ({elapsed:.0f} s)"
+    return said and shown, f"{case.name}: failed as expected: {line} {evidence}; {case.cap.used(elapsed)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,8 +144,10 @@ def compare(out: Path) -> bool:
         "--out",
         str(out / "compare.png"),
     ]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=COMPARE_CAP_S, check=False)
     print(result.stdout + result.stderr, flush=True)
+    print(f"bench compare took {time.monotonic() - started:.0f} s of its {COMPARE_CAP_S} s cap", flush=True)
     ok = result.returncode == 0 and "verdict:" in result.stdout and (out / "compare.png").exists()
     print(("OK   " if ok else "FAIL ") + "bench compare", flush=True)
     return ok

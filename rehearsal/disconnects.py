@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rehearsal.context import Context
+from rehearsal.margins import ENGINES_IDLE
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, metrics_text
 
 STREAMS = 20
@@ -25,7 +26,7 @@ STREAMS = 20
 # (measured here: about 13 ms a token at one stream, slower at eight), and miss IDLE_WITHIN_S.
 MAX_TOKENS = 4096
 # The 30 s prefill lease, Ray's 10 s export and a margin.
-IDLE_WITHIN_S = 60.0
+IDLE_WITHIN_S = ENGINES_IDLE.limit_s
 # Longer than Ray's 10 s export interval: a reading that holds this long is not a stale export.
 STILL_S = 12.0
 # Each client reads this long after its first chunk before hanging up (generation takes longer).
@@ -140,7 +141,8 @@ def disconnects_check(ctx: Context) -> list[Any]:
         Check(
             f"disconnects: both engines back to idle within {IDLE_WITHIN_S:.0f} s",
             settled_idle and back <= IDLE_WITHIN_S,
-            f"idle {back:.1f} s after the last client left, held {STILL_S:.0f} s (Ray exports every 10 s); {readings}",
+            f"idle {back:.1f} s after the last client left ({ENGINES_IDLE.used(back)}), held {STILL_S:.0f} s "
+            f"(Ray exports every 10 s); {readings}",
         ),
         Check("disconnects: no NIXL failure", failed_after == failed_before, f"{failed_before} -> {failed_after}"),
         Check("disconnects: a new request still succeeds", status == 200, f"HTTP {status}"),

@@ -63,7 +63,10 @@ def run_phases(ctx: Context) -> list[Any]:
     """The case's phases in order on the one deployed app; a phase with a failed check ends the case."""
     found: list[Any] = []
     for phase in phases(ctx.case):
+        started = time.monotonic()
         found += phase(ctx)
+        # Each phase's share of the case, for the budget (rehearsal/margins.py).
+        print(f"phase {phase.__name__} took {time.monotonic() - started:.0f} s", flush=True)
         if not all(c.ok for c in found):
             break
     return found

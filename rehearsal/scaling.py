@@ -43,6 +43,7 @@ from typing import Any
 from rehearsal import streams
 from rehearsal.cluster import start_worker, stop_node_b
 from rehearsal.context import Context
+from rehearsal.margins import SCALE_DOWN, SCALE_UP
 from rehearsal.network import (
     HEAD_IP,
     NODE_C_IFACE,
@@ -67,12 +68,12 @@ WATCH_AFTER_CHANGE_S = 20.0
 # Words of a prompt: about 1,500 tokens with the rehearsal's tokenizer, three of the CPU engines'
 # 512-token steps, so that a request spends most of its time in prefill.
 PROMPT_WORDS = 400
-# Serve's upscale delay and metrics push (rehearsal/deploy.py SCALING_DELTAS; 10 s), then a new
-# engine's start on this CPU beside two busy ones (about 60 s alone, measured in node_loss), a margin.
-UP_WITHIN_S = 300.0
-# Serve's downscale delay (SCALING_DELTAS), the metrics push, prefill's drain (graceful_shutdown
-# _wait_loop_s: the KV lease after the longest prefill, 39 s on the defaults), a margin.
-DOWN_WITHIN_S = 240.0
+# Up: Serve's upscale delay and metrics push (rehearsal/deploy.py SCALING_DELTAS; 10 s), then a new
+# engine's start on this CPU beside two busy ones. Down: Serve's downscale delay, the metrics push,
+# prefill's drain (graceful_shutdown_wait_loop_s: the KV lease after the longest prefill, 39 s on the
+# defaults). Each limit is the slowest run seen with its margin (rehearsal/margins.py).
+UP_WITHIN_S = SCALE_UP.limit_s
+DOWN_WITHIN_S = SCALE_DOWN.limit_s
 # Load kept on two replicas, so that the new one serves for a while.
 SERVE_ON_TWO_S = 10.0
 POLL_S = 2.0
@@ -312,9 +313,13 @@ def scaling_check(ctx: Context) -> list[Any]:
         f"callers saw {streams.summary(outcomes)}; decode transfers {transfers:g}, NIXL failed {nixl_failed:g}; "
         f"prefill NIXL names (given, Ray's own): {names}; Ray's own name given twice: {reused or 'none'}"
     )
-    limits = {"1 -> 2 under load": UP_WITHIN_S, "2 -> 1 idle": DOWN_WITHIN_S, "1 -> 2 again": UP_WITHIN_S}
+    limits = {"1 -> 2 under load": SCALE_UP, "2 -> 1 idle": SCALE_DOWN, "1 -> 2 again": SCALE_UP}
     found = [
-        Check(f"scaling: prefill {step}", seconds is not None, f"{seconds} s (limit {limits[step]:.0f} s)")
+        Check(
+            f"scaling: prefill {step}",
+            seconds is not None,
+            limits[step].used(seconds) if seconds is not None else f"not within {limits[step].limit_s:.0f} s",
+        )
         for step, seconds in steps.items()
     ]
     found.append(

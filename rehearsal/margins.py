@@ -1,0 +1,68 @@
+"""The rehearsal's time limits: each one the slowest run seen times a stated margin, and how much a run used.
+
+A limit exists either to bound a hang (a case's cap, a wait for a replica) or to prove a behaviour.
+A limit that sits close to what a run takes fails a slower machine's CI, and then nothing lands,
+so every limit here is at least MARGIN times the slowest run seen of what it bounds, on a 2-core
+machine of this project's kind doing one other job (tests/test_rehearsal_margins.py holds that,
+and holds the caps together with the set-up and pytest inside CI's time). A behaviour such as
+"refusals come at once" is proved by a ratio within the same run, never by an absolute time
+(burst.REFUSAL_RATIO). Every case and every timed check prints how much of its limit it used.
+
+Each `seen` names the run that gave the slowest figure: the date, the machine and the command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MARGIN = 1.5
+# The machines every figure below comes from: 2 cores and 24 GiB, this project's kind.
+BUSY_CI = "2026-12-02, 2 cores, `CI=true bash .ci/run` on a fresh clone while the machine ran synths"
+QUIET = "2026-12-01, 2 cores, `make test` on a machine doing nothing else"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What a limit bounds, the slowest run seen of it, and the limit itself (at least MARGIN times that)."""
+
+    what: str
+    slowest_seen_s: float
+    seen: str
+    limit_s: float
+
+    def used(self, took_s: float) -> str:
+        """'took 950 s of its 1860 s limit (1.96x headroom; slowest seen 1235 s)'."""
+        headroom = self.limit_s / took_s if took_s > 0 else float("inf")
+        return (
+            f"took {took_s:.0f} s of its {self.limit_s:.0f} s limit ({headroom:.2f}x headroom; "
+            f"slowest seen {self.slowest_seen_s:.0f} s)"
+        )
+
+
+# A case's cap: past it the case fails (rehearsal/__main__.py).
+CASE_CAPS = {
+    "pd": Limit("the pd case, start to end", 1235.0, BUSY_CI, 1860.0),
+    "aggregated": Limit("the aggregated case", 165.0, QUIET, 330.0),
+    "scaling": Limit("the scaling case", 764.0, QUIET, 1290.0),
+    "ucx": Limit("the ucx failure case", 98.0, QUIET, 250.0),
+    "wrong-side-channel": Limit("the wrong-side-channel failure case", 125.0, QUIET, 250.0),
+    "no-plugin": Limit("the no-plugin failure case", 120.0, QUIET, 250.0),
+}
+
+# Timed checks inside the cases.
+SCALE_UP = Limit("a new prefill replica serving, under load beside two busy engines", 286.1, BUSY_CI, 430.0)
+SCALE_DOWN = Limit("two prefill replicas down to one, idle (Serve's delay and prefill's drain)", 71.0, QUIET, 240.0)
+ENGINE_RECOVERY = Limit("a killed engine's side answering again", 117.8, QUIET, 240.0)
+# Measured from the node's stop, so it includes the 30 s the node stays away.
+NODE_RECOVERY = Limit("decode's node lost for 30 s, then answering again", 84.5, QUIET, 330.0)
+ENGINES_IDLE = Limit("both engines idle after 20 clients hung up", 10.5, QUIET, 60.0)
+
+TIMED_CHECKS = (SCALE_UP, SCALE_DOWN, ENGINE_RECOVERY, NODE_RECOVERY, ENGINES_IDLE)
+
+# What CI runs besides the rehearsal, for the budget: (the slowest seen, where).
+BEFORE_REHEARSAL_S = {
+    "apt packages, the venvs, the CDK CLI and the schemas from a fresh clone": (240.0, BUSY_CI),
+    "lint, types and pytest (2 workers)": (230.0, QUIET),
+}
+# CI's time for one run of .ci/run.
+CI_BUDGET_S = 90 * 60
