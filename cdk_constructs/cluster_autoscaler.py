@@ -80,8 +80,8 @@ class ClusterAutoscaler(Construct):
     """Cluster Autoscaler sizing one managed node group between its minimum and maximum.
 
     The autoscaler changes only the Auto Scaling group's desired capacity, within the group's own
-    minimum and maximum (cloudprovider/aws/README.md); the node group's template must leave its
-    desired size out (cdk_constructs/gpu_nodes.py).
+    minimum and maximum (cloudprovider/aws/README.md); the node group's template keeps its desired
+    size constant, so a deploy does not send it (cdk_constructs/gpu_nodes.py).
 
     Args:
         cluster: the cluster.
@@ -130,8 +130,13 @@ class ClusterAutoscaler(Construct):
             iam.PolicyStatement(actions=["eks:DescribeNodegroup"], resources=[nodegroup.nodegroup_arn])
         )
         # Any Auto Scaling group of this account and region, narrowed by the tags EKS puts on the GPU group's.
+        # Partition, region and account as pseudo parameters even where the stack's environment names them, so
+        # the ARN (and the acknowledgement of its wildcard, stacks/nag_acknowledgements.py) reads the same.
         asg_arn = Stack.of(self).format_arn(
             service="autoscaling",
+            partition=Aws.PARTITION,
+            region=Aws.REGION,
+            account=Aws.ACCOUNT_ID,
             resource="autoScalingGroup",
             resource_name="*:autoScalingGroupName/*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,

@@ -78,9 +78,9 @@ class EfaGpuNodes(Construct):
         instance_type: an EFA-capable GPU type; default "g6.8xlarge".
         node_count: the group's minimum and first size; default 2 (one prefill, one decode).
         max_node_count: the group's maximum; default None (fixed at node_count). Above node_count the
-            group is Cluster Autoscaler's to size (cdk_constructs/cluster_autoscaler.py): the template
-            leaves out the desired size, labels the nodes with CA_GPU_LABEL and tags the group with
-            the EFA devices a node brings (autoscaling_tags).
+            group is Cluster Autoscaler's to size (cdk_constructs/cluster_autoscaler.py): the nodes get
+            CA_GPU_LABEL and the group a tag with the EFA devices a node brings (autoscaling_tags). The
+            desired size stays node_count, in every case (see the comment at the node group).
         volume_gib: root volume, gp3, encrypted; default 300, for a type without
             instance store, whose root holds the image and the weights. With
             local_nvme_raid0 the root keeps only what nodeadm leaves there (the AMI,
@@ -178,6 +178,12 @@ class EfaGpuNodes(Construct):
             # aws-cdk would pick an AL2 GPU AMI for g6; AL2 has no 1.33+ AMIs.
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             instance_types=[ec2.InstanceType(instance_type)] if cdk_knows_gpu else None,
+            # DesiredSize is the minimum, with a range too. CreateNodegroup, which runs on the first
+            # deploy and whenever a create-only property changes (instance type, capacity type,
+            # subnet, AMI type, node role), takes all of the sizes or none (EKS API reference,
+            # NodegroupScalingConfig). On an update CloudFormation passes DesiredSize on only when its
+            # template value changes, so a constant one leaves Cluster Autoscaler's count alone; a new
+            # minimum does change it and sets the group to that minimum (README "Cluster Autoscaler").
             min_size=self.min_size,
             desired_size=self.min_size,
             max_size=self.max_size,
@@ -198,12 +204,6 @@ class EfaGpuNodes(Construct):
         assert isinstance(cfn, eks.CfnNodegroup)
         if not cdk_knows_gpu:
             cfn.add_property_override("InstanceTypes", [instance_type])
-        if self.autoscaled:
-            # aws-cdk-lib writes DesiredSize always; CloudFormation would then set the group back to it
-            # on every update that touches ScalingConfig, undoing Cluster Autoscaler's count. Without
-            # it, "no action occurs" on update (EKS API reference, NodegroupScalingConfig desiredSize).
-            # Whether a create without it is accepted is unverified (README "Cluster Autoscaler").
-            cfn.add_property_deletion_override("ScalingConfig.DesiredSize")
 
 
 def ca_accelerator_name(instance_type: str) -> str:

@@ -63,12 +63,11 @@ def test_cfn_lint_clean_with_every_optional_part() -> None:
 
 
 def test_cfn_lint_clean_with_cluster_autoscaler() -> None:
-    """The GPU group with a range: no DesiredSize, Cluster Autoscaler's role, association and release."""
+    """The GPU group with a range (every size, tests/test_gpu_node_scaling.py), Cluster Autoscaler's role,
+    association and release."""
     template = synth(**AUTOSCALING)
-    assert (
-        "DesiredSize"
-        not in only(template, "AWS::EKS::Nodegroup", AmiType="AL2023_x86_64_NVIDIA")["Properties"]["ScalingConfig"]
-    )
+    scaling = only(template, "AWS::EKS::Nodegroup", AmiType="AL2023_x86_64_NVIDIA")["Properties"]["ScalingConfig"]
+    assert scaling["MinSize"] == scaling["DesiredSize"] < scaling["MaxSize"]
     assert _lint(template) == []
 
 

@@ -1,6 +1,6 @@
-"""Cluster Autoscaler on the GPU group (issue 19 item 5): present only with a range, the pinned chart's
+"""Cluster Autoscaler on the GPU group: present only with a range, the pinned chart's
 Deployment as rendered by the deploy's own helm, its IAM against kubernetes/autoscaler's source, the
-node group's scaling config and tags, the Ray pods' eviction guard."""
+node group's tags, the Ray pods' eviction guard (the scaling config: tests/test_gpu_node_scaling.py)."""
 
 from __future__ import annotations
 
@@ -106,15 +106,6 @@ def test_turning_autoscaling_on_adds_resources_and_renames_none(template: dict[s
         assert scaled.get(logical_id, {}).get("Type") == resource["Type"], logical_id
     added = {k for k in scaled if k not in template["Resources"]}
     assert added and all(k.startswith("ClusterAutoscaler") for k in added), added
-
-
-def test_the_group_takes_its_bounds_and_leaves_its_size_to_the_autoscaler() -> None:
-    """CloudFormation never sets DesiredSize, so a deploy that moves a bound keeps the autoscaler's count."""
-    low, high = gpu_node_bounds(settings_from({**PROJECT_CONTEXT, **AUTOSCALING}))
-    assert (low, high) == (2, 4)
-    assert _gpu_group(synth(**AUTOSCALING))["ScalingConfig"] == {"MinSize": low, "MaxSize": high}
-    wider = synth(**{**AUTOSCALING, "decode_max_replicas": "3"})
-    assert _gpu_group(wider)["ScalingConfig"] == {"MinSize": 2, "MaxSize": 5}
 
 
 @pytest.mark.parametrize("version", sorted(KUBERNETES_VERSIONS))
