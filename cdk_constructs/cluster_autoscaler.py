@@ -31,19 +31,24 @@ DISCOVERY_TAGS = (
 )
 NODEGROUP_TAG = "eks:nodegroup-name"
 CLUSTER_TAG = "eks:cluster-name"
-# Every read the autoscaler makes (the autoScalingI and ec2I interfaces of aws_wrapper.go, and
-# DescribeInstanceTypes in aws_util.go for --aws-use-static-instance-list=false, the default). None
-# takes a resource-level permission. ec2:GetInstanceTypesFromInstanceRequirements is left out: it
-# serves only groups sized by instance requirements, and this group names its instance type.
+# Every read the autoscaler makes of a managed node group's Auto Scaling group: aws_wrapper.go's
+# getAutoscalingGroupsByNames/ByTags (DescribeAutoScalingGroups) and getLaunchTemplateData
+# (DescribeLaunchTemplateVersions), auto_scaling_groups.go's isNodeGroupAvailable
+# (DescribeScalingActivities), aws_util.go's GenerateEC2InstanceTypes (DescribeInstanceTypes, for
+# --aws-use-static-instance-list=false, the default). None takes a resource-level permission.
+# Left out: ec2:DescribeImages and ec2:GetInstanceTypesFromInstanceRequirements, called only together
+# by getInstanceTypeFromInstanceRequirements for groups sized by instance requirements (this group
+# names its instance type); autoscaling:DescribeLaunchConfigurations, called only for groups with a
+# launch configuration (getInstanceTypeByLaunchConfigNames), while a managed node group's always has
+# a launch template (EKS user guide, launch-templates).
 DESCRIBE_ACTIONS = (
     "autoscaling:DescribeAutoScalingGroups",
-    "autoscaling:DescribeLaunchConfigurations",
     "autoscaling:DescribeScalingActivities",
-    "ec2:DescribeImages",
     "ec2:DescribeInstanceTypes",
     "ec2:DescribeLaunchTemplateVersions",
 )
-# Its only writes (auto_scaling_groups.go): allowed on the GPU group's Auto Scaling group alone, by its tags.
+# Its only writes (auto_scaling_groups.go setAsgSizeNoLock and DeleteInstances): allowed on the GPU
+# group's Auto Scaling group alone, by its tags.
 SCALE_ACTIONS = ("autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup")
 # The chart's own example requests (values.yaml comments); the pod runs on a system node.
 RESOURCES = {"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"memory": "300Mi"}}

@@ -96,8 +96,8 @@ OPTIONAL_ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {
     # Only when the GPU group has a range (cdk_constructs/cluster_autoscaler.py).
     "ClusterAutoscaler/PodIdentityRole/DefaultPolicy": {
         "AwsSolutions-IAM5[Resource::*]": (
-            "Cluster Autoscaler's reads (Describe* of Auto Scaling groups, launch configurations, scaling "
-            "activities, images, instance types, launch template versions) take no resource-level permission"
+            "Cluster Autoscaler's reads (Describe* of Auto Scaling groups, scaling activities, instance types, "
+            "launch template versions) take no resource-level permission"
         ),
         "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:"
         "autoScalingGroup:*:autoScalingGroupName/*]": (

@@ -30,6 +30,28 @@ SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 IMAGE_REPOSITORY = "registry.k8s.io/autoscaling/cluster-autoscaler"
 
 
+# The AWS calls Cluster Autoscaler makes for a managed node group, each with its caller in
+# kubernetes/autoscaler cluster-autoscaler/cloudprovider/aws/ at cluster-autoscaler-1.36.1. Reads of
+# any resource:
+SOURCE_READS = {
+    "autoscaling:DescribeAutoScalingGroups": "aws_wrapper.go getAutoscalingGroupsByNames, getAutoscalingGroupsByTags",
+    "autoscaling:DescribeScalingActivities": "auto_scaling_groups.go isNodeGroupAvailable",
+    "ec2:DescribeInstanceTypes": "aws_util.go GenerateEC2InstanceTypes (--aws-use-static-instance-list=false)",
+    "ec2:DescribeLaunchTemplateVersions": "aws_wrapper.go getLaunchTemplateData",
+}
+# Of the node group (a group at zero nodes: its labels, taints and node-template tags):
+SOURCE_NODEGROUP_READS = {"eks:DescribeNodegroup": "aws_wrapper.go getManagedNodegroupInfo"}
+# Its writes, on the GPU group's Auto Scaling group only:
+SOURCE_WRITES = {
+    "autoscaling:SetDesiredCapacity": "auto_scaling_groups.go setAsgSizeNoLock (IncreaseSize, DecreaseTargetSize)",
+    "autoscaling:TerminateInstanceInAutoScalingGroup": "auto_scaling_groups.go DeleteInstances (scale-down)",
+}
+# Called by the same files but never for this group, so not allowed: ec2:DescribeImages and
+# ec2:GetInstanceTypesFromInstanceRequirements (aws_wrapper.go getInstanceTypeFromInstanceRequirements,
+# groups sized by instance requirements only), autoscaling:DescribeLaunchConfigurations
+# (getInstanceTypeByLaunchConfigNames, groups with a launch configuration only).
+
+
 def _gpu_group(template: dict[str, Any]) -> dict[str, Any]:
     props: dict[str, Any] = only(template, "AWS::EKS::Nodegroup", **GPU_NODEGROUP)["Properties"]
     return props
@@ -143,6 +165,8 @@ def test_the_pod_identity_association_names_the_rendered_service_account() -> No
 
 
 def test_the_role_may_scale_only_the_gpu_group_and_read_what_the_source_reads() -> None:
+    """The policy against the calls Cluster Autoscaler makes, written out here rather than read from the
+    module, so that a change to the module's actions has to change this list too."""
     template = synth(**AUTOSCALING)
     association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount=ca.SERVICE_ACCOUNT)
     role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
@@ -157,12 +181,14 @@ def test_the_role_may_scale_only_the_gpu_group_and_read_what_the_source_reads() 
         assert statement["Effect"] == "Allow"
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
         for action in actions:
+            assert action not in by_action, f"{action} is allowed twice"
             by_action[action] = statement
-    assert set(by_action) == {*ca.DESCRIBE_ACTIONS, "eks:DescribeNodegroup", *ca.SCALE_ACTIONS}
-    for action in ca.DESCRIBE_ACTIONS:
+    assert set(by_action) == {*SOURCE_READS, *SOURCE_NODEGROUP_READS, *SOURCE_WRITES}
+    for action in SOURCE_READS:
         assert by_action[action]["Resource"] == "*" and "Condition" not in by_action[action]
-    assert by_action["eks:DescribeNodegroup"]["Resource"] == {"Fn::GetAtt": [group_id, "Arn"]}
-    for action in ca.SCALE_ACTIONS:
+    for action in SOURCE_NODEGROUP_READS:
+        assert by_action[action]["Resource"] == {"Fn::GetAtt": [group_id, "Arn"]}
+    for action in SOURCE_WRITES:
         statement = by_action[action]
         assert statement["Condition"] == {
             "StringEquals": {
@@ -170,7 +196,31 @@ def test_the_role_may_scale_only_the_gpu_group_and_read_what_the_source_reads() 
                 "aws:ResourceTag/eks:nodegroup-name": {"Fn::GetAtt": [group_id, "NodegroupName"]},
             }
         }
-        assert ":autoScalingGroup:*:autoScalingGroupName/*" in str(statement["Resource"])
+        assert statement["Resource"] == {
+            "Fn::Join": [
+                "",
+                [
+                    "arn:",
+                    {"Ref": "AWS::Partition"},
+                    ":autoscaling:",
+                    {"Ref": "AWS::Region"},
+                    ":",
+                    {"Ref": "AWS::AccountId"},
+                    ":autoScalingGroup:*:autoScalingGroupName/*",
+                ],
+            ]
+        }
+
+
+def test_the_pinned_actions_are_operations_of_their_services() -> None:
+    """Each pinned action names an operation in botocore's model of its service (a misspelt one would
+    be allowed by IAM and match nothing)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    for action in [*SOURCE_READS, *SOURCE_NODEGROUP_READS, *SOURCE_WRITES]:
+        service, _, operation = action.partition(":")
+        assert operation in session.get_service_model(service).operation_names, action
 
 
 def test_the_release_waits_for_the_node_groups_and_its_credentials() -> None:
