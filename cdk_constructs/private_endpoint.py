@@ -1,4 +1,5 @@
-"""Optional: an internal Network Load Balancer in front of the serve endpoint."""
+"""The client endpoints, both on the ingress group's pods: a ClusterIP Service (the tools' and a
+user's port-forward) and, optionally, an internal Network Load Balancer."""
 
 from __future__ import annotations
 
@@ -25,6 +26,54 @@ POLICY_FILE = (
 TLS_PORT = 443
 # TLS 1.3 and 1.2 with forward-secret ciphers only: ELB's recommended policy for NLB TLS listeners.
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+
+
+def ingress_service(*, name: str, namespace: str, selector: Mapping[str, str], port: int) -> dict[str, Any]:
+    """A ClusterIP Service on the serve port of the pods the selector names (serve_config.ingress_selector).
+
+    KubeRay's own serve Service is no client endpoint: it selects every ready pod of the
+    serving RayCluster that runs a Serve proxy, GPU workers included, and ignores a custom
+    selector (ray-operator controllers/ray/common/service.go, BuildServeService, v1.7.0).
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": dict(selector),
+            "ports": [{"name": "serve", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+class IngressService(Construct):
+    """Applies ingress_service() as one manifest.
+
+    `kubectl port-forward svc/<name>` picks one ready pod when it starts and stays on it: with
+    the one ingress replica that is the endpoint; when that pod is replaced, start it again.
+
+    Args:
+        cluster: the cluster; namespace / service_name / selector / port: the Service.
+
+    Attributes:
+        manifest: the Service's manifest (the stack makes it wait for the namespace).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster: eks.Cluster,
+        namespace: str,
+        service_name: str,
+        selector: Mapping[str, str],
+        port: int,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        service = ingress_service(name=service_name, namespace=namespace, selector=selector, port=port)
+        self.manifest = eks.KubernetesManifest(self, "Service", cluster=as_icluster(cluster), manifest=[service])
 
 
 def internal_nlb_service(
@@ -77,7 +126,8 @@ class PrivateEndpoint(Construct):
     Args:
         cluster: the cluster; vpc: its VPC (the controller is told it, not left to IMDS,
             which pods cannot reach at hop limit 1).
-        namespace / service_name / selector / port: the Service to create.
+        namespace / service_name / selector / port: the Service to create; the selector is the
+            ingress group's (serve_config.ingress_selector), as IngressService's.
         source_cidrs: who may connect.
         tls_certificate_arn: an ACM certificate: the NLB listens with TLS on 443
             instead of plain TCP on the port. Default None (plain TCP).

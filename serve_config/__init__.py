@@ -412,11 +412,20 @@ def pod_labels(settings: Settings) -> dict[str, str]:
     return {"app.kubernetes.io/name": settings.service_name}
 
 
-def serve_selector(settings: Settings) -> dict[str, str]:
-    """The pods whose Serve proxy is ready: KubeRay labels them ray.io/serve=true."""
-    return {**pod_labels(settings), "ray.io/serve": "true"}
+def ingress_selector(settings: Settings) -> dict[str, str]:
+    """The client endpoint's pods: the ingress group's, of whichever Ray cluster serves.
+
+    KubeRay 1.7 labels every RayService worker pod ray.io/serve=true and leaves readiness to
+    the pod's probe, which checks the Serve proxy on the serve port (ray-operator
+    controllers/ray/common/pod.go, BuildPod and the readiness probe). Serve runs a proxy on
+    every node that holds a replica, the GPU workers' too: a client whose stream enters there
+    loses it with that node, with no error from the ingress, and meets an admission queue per
+    proxy. So the group is named, and the RayCluster is not (ray.io/cluster): the selector
+    follows a cluster KubeRay builds under another name.
+    """
+    return {**pod_labels(settings), "ray.io/group": INGRESS_GROUP, "ray.io/serve": "true"}
 
 
-def serve_service_name(settings: Settings) -> str:
-    """The Service KubeRay creates for the Serve endpoint (SERVE_PORT)."""
-    return f"{settings.service_name}-serve-svc"
+def ingress_service_name(settings: Settings) -> str:
+    """The stack's ClusterIP Service on ingress_selector's pods: what the tools' port-forward reaches."""
+    return f"{settings.service_name}-ingress"

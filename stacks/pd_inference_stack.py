@@ -18,7 +18,7 @@ from cdk_constructs.model_weights import ModelReadAccess
 from cdk_constructs.network import Network
 from cdk_constructs.network_policies import ServingNetworkPolicies, serving_network_policies
 from cdk_constructs.observability import Observability
-from cdk_constructs.private_endpoint import PrivateEndpoint
+from cdk_constructs.private_endpoint import IngressService, PrivateEndpoint
 from cdk_constructs.ray_pods_code import RayPodsCode
 from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
 from cdk_constructs.system_nodes import SystemNodes
@@ -183,6 +183,17 @@ class PdInferenceStack(Stack):
         code = RayPodsCode(self, "RayPodsCode", cluster=cluster, configmap=endpoint_keys.ray_pods_configmap(settings))
         code.manifest.node.add_dependency(service.namespace_manifest)
         service.rayservice_manifest.node.add_dependency(code.manifest)
+        # The clients' endpoint: the ingress group's pods only, never a GPU worker's Serve proxy.
+        client_endpoint = IngressService(
+            self,
+            "IngressService",
+            cluster=cluster,
+            namespace=settings.serving_namespace,
+            service_name=serve_config.ingress_service_name(settings),
+            selector=serve_config.ingress_selector(settings),
+            port=serve_config.SERVE_PORT,
+        )
+        client_endpoint.manifest.node.add_dependency(service.namespace_manifest)
         if settings.internal_endpoint_cidrs:
             endpoint = PrivateEndpoint(
                 self,
@@ -191,7 +202,7 @@ class PdInferenceStack(Stack):
                 vpc=network.vpc,
                 namespace=settings.serving_namespace,
                 service_name=f"{settings.service_name}-internal",
-                selector=serve_config.serve_selector(settings),
+                selector=serve_config.ingress_selector(settings),
                 port=serve_config.SERVE_PORT,
                 source_cidrs=settings.internal_endpoint_cidrs,
                 tls_certificate_arn=settings.endpoint_tls_certificate_arn,
@@ -201,7 +212,8 @@ class PdInferenceStack(Stack):
             endpoint.service.node.add_dependency(service.namespace_manifest)
             # The controller's webhooks are registered by its release: whatever
             # creates Services (the charts, KubeRay for the RayService) comes after.
-            for later in (*addons.releases, service.rayservice_manifest, *secrets_releases, *autoscaler_releases):
+            later_services = (service.rayservice_manifest, client_endpoint.manifest)
+            for later in (*addons.releases, *later_services, *secrets_releases, *autoscaler_releases):
                 later.node.add_dependency(endpoint.release)
             CfnOutput(
                 self,
@@ -279,13 +291,16 @@ class PdInferenceStack(Stack):
             value=network.gpu_subnet.availability_zone,
             description="The one AZ of the EFA GPU nodes (it must offer the GPU instance type)",
         )
-        svc = serve_config.serve_service_name(settings)
+        svc = serve_config.ingress_service_name(settings)
         port = serve_config.SERVE_PORT
         CfnOutput(
             self,
             "PortForwardCommand",
             value=f"kubectl -n {settings.serving_namespace} port-forward svc/{svc} {port}:{port}",
-            description="Reach the OpenAI-compatible endpoint on localhost",
+            description=(
+                "Reach the OpenAI-compatible endpoint on localhost, through the ingress pod "
+                "(kubectl stays on the pod it picked: run it again after that pod is replaced)"
+            ),
         )
         keyed = settings.endpoint_api_keys_secret_name is not None
         CfnOutput(

@@ -193,20 +193,33 @@ def workloads_from_objects(objects: Iterable[Mapping[str, Any]], source: str) ->
     return found
 
 
-def ray_workloads(rayservice: Mapping[str, Any]) -> list[Workload]:
+def ray_workloads(rayservice: Mapping[str, Any], *, cluster_name: str | None = None) -> list[Workload]:
     """The head and worker pods KubeRay builds from the RayService (it copies each template's spec and labels).
 
-    KubeRay adds ray.io/cluster (the RayCluster it names after the RayService),
-    ray.io/node-type, ray.io/group and ray.io/is-ray-node to every Ray pod (pod.go).
+    Labels as KubeRay v1.7.0 sets them (ray-operator/controllers/ray/common/pod.go): labelPod
+    puts its own (ray.io/is-ray-node, ray.io/identifier, app.kubernetes.io/name and created-by)
+    under the template's, and ray.io/cluster, ray.io/node-type and ray.io/group over them (those
+    three cannot be overridden); BuildPod then sets ray.io/serve=true on every worker of a
+    RayService. The head's ray.io/serve is KubeRay's rayservice controller's: true while the
+    head's Serve proxy is healthy (updateHeadPodServeLabel), as it is here, a serving cluster.
+    cluster_name: the RayCluster's name (KubeRay names it after the RayService with a random
+    suffix, and a new one on every rebuild); default a fixed one.
     """
     cluster = rayservice["spec"]["rayClusterConfig"]
     name = rayservice["metadata"]["name"]
     namespace = rayservice["metadata"]["namespace"]
+    raycluster = cluster_name or f"{name}-x7k2p"
 
     def labels(template: Mapping[str, Any], node_type: str, group: str) -> dict[str, str]:
         ours = dict(template.get("metadata", {}).get("labels") or {})
-        kuberay = {"ray.io/cluster": f"{name}-x7k2p", "ray.io/node-type": node_type, "ray.io/group": group}
-        return {**ours, **kuberay, "ray.io/is-ray-node": "yes"}
+        defaults = {
+            "ray.io/is-ray-node": "yes",
+            "ray.io/identifier": f"{raycluster}-{node_type}",
+            "app.kubernetes.io/name": "kuberay",
+            "app.kubernetes.io/created-by": "kuberay-operator",
+        }
+        fixed = {"ray.io/cluster": raycluster, "ray.io/node-type": node_type, "ray.io/group": group}
+        return {**defaults, **ours, **fixed, "ray.io/serve": "true"}
 
     head = cluster["headGroupSpec"]["template"]
     head_spec = head["spec"]

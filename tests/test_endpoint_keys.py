@@ -182,7 +182,9 @@ def test_the_rayservice_waits_for_the_keys_and_the_code() -> None:
 
 def test_a_certificate_makes_the_nlb_listen_with_tls_on_443_only() -> None:
     (service,) = [
-        m for m in manifests(synth(**KEYS, **NLB, endpoint_tls_certificate_arn=CERT)) if m["kind"] == "Service"
+        m
+        for m in manifests(synth(**KEYS, **NLB, endpoint_tls_certificate_arn=CERT))
+        if m["kind"] == "Service" and m["spec"]["type"] == "LoadBalancer"
     ]
     annotations = service["metadata"]["annotations"]
     assert annotations["service.beta.kubernetes.io/aws-load-balancer-ssl-cert"] == CERT
@@ -191,7 +193,9 @@ def test_a_certificate_makes_the_nlb_listen_with_tls_on_443_only() -> None:
         "ELBSecurityPolicy-TLS13"
     )
     assert service["spec"]["ports"] == [{"name": "serve-tls", "port": 443, "targetPort": 8000, "protocol": "TCP"}]
-    (plain,) = [m for m in manifests(synth(**KEYS, **NLB)) if m["kind"] == "Service"]
+    (plain,) = [
+        m for m in manifests(synth(**KEYS, **NLB)) if m["kind"] == "Service" and m["spec"]["type"] == "LoadBalancer"
+    ]
     assert plain["spec"]["ports"] == [{"name": "serve", "port": 8000, "targetPort": 8000, "protocol": "TCP"}]
     assert not [a for a in plain["metadata"]["annotations"] if "ssl" in a]
 

@@ -56,7 +56,7 @@ def test_node_groups_deleted_before_cluster_and_addons(full: dict[str, Any]) -> 
 
 
 def test_load_balanced_service_deleted_before_its_controller_subnets_and_groups(full: dict[str, Any]) -> None:
-    service = manifest_resource(full, "Service")
+    service = manifest_resource(full, "Service", "pd-llm-internal")
     assert depends_on(full, service, helm_releases(full)["aws-load-balancer-controller"])
     for subnet in resources(full, "AWS::EC2::Subnet"):
         props = full["Resources"][subnet]["Properties"]

@@ -618,7 +618,7 @@ def test_every_nixl_side_channel_of_every_tp_rank_is_reachable(name: str) -> Non
 
     settings = _settings(name)
     policies, peers, subnets = cluster(**CONFIGS[name])
-    pairs = required_pairs(peers, subnets, nlb=False)
+    pairs = required_pairs(peers, subnets)
     ray = ray_pods(peers)
     for base, side in ((20000, PREFILL), (22000, DECODE)):
         ports = range(base, base + settings.side_replicas(side) * settings.tensor_parallel_size(side))

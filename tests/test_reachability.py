@@ -41,6 +41,20 @@ def private_subnets(template: dict[str, Any]) -> list[str]:
     )
 
 
+def load_balancer_selector(template: dict[str, Any]) -> dict[str, str] | None:
+    """The selector of the NLB's Service (the pods it sends clients to); None without one."""
+    found = [m for m in manifests(template) if m["kind"] == "Service" and m["spec"]["type"] == "LoadBalancer"]
+    return dict(found[0]["spec"]["selector"]) if found else None
+
+
+def load_balancer_targets(peers: list[Peer], overrides: dict[str, Any]) -> list[Peer]:
+    """The pods the NLB sends clients to: those its Service's selector matches."""
+    selector = load_balancer_selector(synth(**overrides))
+    if selector is None:
+        return []
+    return [p for p in peers if all(p.labels.get(k) == v for k, v in selector.items())]
+
+
 @functools.cache
 def _cluster(overrides_json: str) -> tuple[list[dict[str, Any]], list[Peer], list[str]]:
     overrides = json.loads(overrides_json)
@@ -62,8 +76,10 @@ def address_in(cidr: str, offset: int) -> str:
     return str(ipaddress.ip_network(cidr)[offset])
 
 
-def required_pairs(peers: list[Peer], subnets: list[str], nlb: bool) -> list[tuple[Peer, Peer, int]]:
-    """Every (source, destination, port) the service needs."""
+def required_pairs(
+    peers: list[Peer], subnets: list[str], nlb_targets: list[Peer] | None = None
+) -> list[tuple[Peer, Peer, int]]:
+    """Every (source, destination, port) the service needs; nlb_targets: the pods the NLB sends clients to."""
     ray = ray_pods(peers)
     head = next(p for p in ray if p.labels["ray.io/node-type"] == "head")
     (operator,) = [p for p in peers if p.name == "Deployment/kuberay-operator"]
@@ -72,9 +88,9 @@ def required_pairs(peers: list[Peer], subnets: list[str], nlb: bool) -> list[tup
     # The control plane's ENIs sit in the cluster's (private) subnets.
     api_server = Peer("EKS control plane ENI", address_in(subnets[1], 200))
     pairs += [(api_server, pod, METRICS_PORT) for pod in ray]
-    if nlb:
+    if nlb_targets:
         load_balancer = Peer("internal NLB", address_in(subnets[1], 77))
-        pairs += [(load_balancer, pod, SERVE_PORT) for pod in ray]
+        pairs += [(load_balancer, pod, SERVE_PORT) for pod in nlb_targets]
     return pairs
 
 
@@ -85,7 +101,10 @@ def refused(policies: list[dict[str, Any]], pairs: list[tuple[Peer, Peer, int]])
 @pytest.mark.parametrize("overrides", [{}, NLB], ids=["defaults", "internal NLB"])
 def test_every_pair_that_must_talk_is_admitted(overrides: dict[str, Any]) -> None:
     policies, peers, subnets = cluster(**overrides)
-    assert refused(policies, required_pairs(peers, subnets, nlb=bool(overrides))) == []
+    targets = load_balancer_targets(peers, overrides)
+    # The NLB sends clients to the ingress pod alone (tests/test_client_endpoint.py), never to a GPU worker.
+    assert [p.labels["ray.io/group"] for p in targets] == (["ingress"] if overrides else [])
+    assert refused(policies, required_pairs(peers, subnets, targets)) == []
 
 
 # A namespace no policy names, holding a copy of every pod (tests/reachability.py strangers).
@@ -150,7 +169,7 @@ def test_removing_any_allow_rule_breaks_a_needed_path(removed: str) -> None:
     policies, peers, subnets = cluster(**NLB)
     assert removed in {p["metadata"]["name"] for p in policies}
     remaining = [p for p in policies if p["metadata"]["name"] != removed]
-    assert refused(remaining, required_pairs(peers, subnets, nlb=True)) != []
+    assert refused(remaining, required_pairs(peers, subnets, load_balancer_targets(peers, NLB))) != []
 
 
 def test_the_vpc_cni_enforces_network_policies(template: dict[str, Any]) -> None:

@@ -171,12 +171,12 @@ def test_ray_dashboard_never_leaves_the_cluster(rayservice: dict[str, Any]) -> N
 
 def test_internal_nlb_only_serves_port_8000_to_listed_cidrs() -> None:
     template = synth(**NLB_SETTINGS)
-    (service,) = [m for m in manifests(template) if m["kind"] == "Service"]
+    (service,) = [m for m in manifests(template) if m["kind"] == "Service" and m["spec"]["type"] == "LoadBalancer"]
     annotations = service["metadata"]["annotations"]
     assert annotations["service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
     assert service["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8", "192.168.10.0/24"]
     assert [p["port"] for p in service["spec"]["ports"]] == [8000]
-    assert service["spec"]["selector"]["ray.io/serve"] == "true"
+    assert service["spec"]["selector"]["ray.io/group"] == "ingress"
     assert "aws-load-balancer-controller" in helm_releases(template)
     association = only(template, "AWS::EKS::PodIdentityAssociation", ServiceAccount="aws-load-balancer-controller")
     assert association["Properties"]["Namespace"] == "kube-system"
@@ -184,7 +184,8 @@ def test_internal_nlb_only_serves_port_8000_to_listed_cidrs() -> None:
 
 def test_no_nlb_by_default(template: dict[str, Any]) -> None:
     assert "aws-load-balancer-controller" not in helm_releases(template)
-    assert not [m for m in manifests(template) if m["kind"] == "Service"]
+    # The one Service: the clients' ClusterIP on the ingress pods (tests/test_client_endpoint.py).
+    assert [m["spec"]["type"] for m in manifests(template) if m["kind"] == "Service"] == ["ClusterIP"]
 
 
 def test_token_synced_by_external_secrets_with_one_secret_policy() -> None:

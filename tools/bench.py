@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from serve_config import DECODE, SERVE_PORT, serve_service_name
+from serve_config import DECODE, SERVE_PORT, ingress_service_name
 from serve_config.deployments import NAME_PREFIXES
 from settings import Settings, settings_from_cli
 from tools.cluster_access import (
@@ -352,7 +352,7 @@ def sweep(
 
     env = bench_env(endpoint_key(settings))
     rows = []
-    with port_forward(settings, serve_service_name(settings), SERVE_PORT) as base:
+    with port_forward(settings, ingress_service_name(settings), SERVE_PORT) as base:
         for index, point in enumerate(points, 1):
             started = time.monotonic()
             print(

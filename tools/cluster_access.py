@@ -234,7 +234,13 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def port_forward(settings: Settings, service: str, remote_port: int) -> Iterator[str]:
-    """kubectl port-forward to the service on a free local port; yields the base URL."""
+    """kubectl port-forward to the service on a free local port; yields the base URL.
+
+    kubectl resolves the Service to one of its pods when it starts and stays on that pod. The
+    clients' Service (serve_config.ingress_service_name) has the one ingress pod, so that is the
+    endpoint; a pod replaced while a run is under way ends the forward, and the run's next
+    request fails rather than reaching another pod.
+    """
     port = _free_port()
     proc = subprocess.Popen(
         ["kubectl", "-n", settings.serving_namespace, "port-forward", f"svc/{service}", f"{port}:{remote_port}"],

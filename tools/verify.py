@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, serve_service_name, worker_resources
+from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, ingress_service_name, worker_resources
 from settings import Settings, settings_from_cli
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER, IMAGE_NIXL_VERSION, IMAGE_RAY_VERSION, IMAGE_VLLM_VERSION
 from tools import image_probe, verify_observability
@@ -460,7 +460,7 @@ def run_checks(
         before, prefill_before = NixlSnapshot(0.0, 0.0, 0.0), settled(workers_prompt_tokens, sleep=sleep)
     else:
         before, prefill_before = settled(lambda: (decode_counters(), prefill_tokens()), sleep=sleep)
-    with port_forward(settings, serve_service_name(settings), SERVE_PORT) as base:
+    with port_forward(settings, ingress_service_name(settings), SERVE_PORT) as base:
         models = guard(
             "GET /v1/models",
             lambda: models_check(http_json(f"{base}/v1/models", api_key=key), settings.model_id),
