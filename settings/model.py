@@ -135,6 +135,11 @@ class Settings:
     # The endpoint's API keys: a Secrets Manager secret holding a JSON object of
     # key id to key. Set, every OpenAI route needs `Authorization: Bearer <key>`.
     endpoint_api_keys_secret_name: str | None = None
+    # The customer-managed KMS key that encrypts that secret, if any (its DescribeSecret KmsKeyId;
+    # preflight names it): the External Secrets role gets kms:Decrypt on it through Secrets Manager
+    # only. Without it External Secrets cannot read such a secret, and the Ray pods, which mount the
+    # keys, never start.
+    endpoint_api_keys_kms_key_arn: str | None = None
     # How often External Secrets re-reads that secret: the largest term of the
     # delay before a rotated key is accepted and a revoked one refused.
     endpoint_api_keys_refresh_seconds: int = 60
@@ -690,6 +695,19 @@ def _validate_endpoint_keys(s: Settings) -> None:
             "endpoint_api_keys_secret_name",
             s.endpoint_api_keys_secret_name,
             "another secret than hf_token_secret_name (the keys are a JSON object of key id to key)",
+        )
+    if s.endpoint_api_keys_kms_key_arn is not None:
+        _require(
+            s.endpoint_api_keys_secret_name is not None,
+            "endpoint_api_keys_kms_key_arn",
+            s.endpoint_api_keys_kms_key_arn,
+            "set only with endpoint_api_keys_secret_name (it is the key of that secret)",
+        )
+        _require(
+            bool(_KMS_KEY_ARN.match(s.endpoint_api_keys_kms_key_arn)),
+            "endpoint_api_keys_kms_key_arn",
+            s.endpoint_api_keys_kms_key_arn,
+            "a KMS key ARN, arn:aws:kms:<region>:<account>:key/<key id> (not an alias)",
         )
     _require(
         15 <= s.endpoint_api_keys_refresh_seconds <= 86400,

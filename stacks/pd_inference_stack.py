@@ -339,6 +339,7 @@ def synced_secrets(settings: Settings) -> list[SyncedSecret]:
                 target_secret=endpoint_keys.API_KEYS_SECRET,
                 target_key=endpoint_keys.API_KEYS_FILE_KEY,
                 refresh_seconds=settings.endpoint_api_keys_refresh_seconds,
+                kms_key_arn=settings.endpoint_api_keys_kms_key_arn,
             )
         )
     return synced

@@ -717,6 +717,15 @@ def test_the_iam_policy_allows_exactly_the_calls_preflight_makes() -> None:
             GOOD,
         ),
         (account(**{"secretsmanager:DescribeSecret": secret(KmsKeyId=CMK), "kms:DescribeKey": key("CUSTOMER")}), TOKEN),
+        (
+            account(
+                **{
+                    "secretsmanager:DescribeSecret": secret(Name="prod/llm-keys"),
+                    "secretsmanager:GetSecretValue": {"Name": "prod/llm-keys", "SecretString": "{}"},
+                }
+            ),
+            [*GOOD, "endpoint_api_keys_secret_name=prod/llm-keys"],
+        ),
         (account(**{"ec2:DescribeCapacityReservations": reservation()}), RESERVED),
         (vpc_answers([subnet(1, "us-east-1b"), subnet(2, "us-east-1c")], subnet(9, "us-east-1a")), EXISTING),
     ):

@@ -69,6 +69,11 @@ CANDIDATES: dict[str, list[Any]] = {
     ],
     "internal_endpoint_cidrs": ["", "10.0.0.0/8", "0.0.0.0/0", "10.0.0.0/8,192.168.0.0/16", "nonsense"],
     "endpoint_api_keys_secret_name": [None, "prod/llm-keys", "bad name!"],
+    "endpoint_api_keys_kms_key_arn": [
+        None,
+        "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+        "alias/llm-keys",
+    ],
     "endpoint_api_keys_refresh_seconds": [60, 14, 3600],
     "endpoint_rate_limit_rpm": [0, 120, -1],
     "endpoint_tls_certificate_arn": [

@@ -1,4 +1,4 @@
-"""Account checks: credentials and region, CDK bootstrap, the deployed stack, EKS version, token secret, admin."""
+"""Account checks: credentials and region, CDK bootstrap, the deployed stack, EKS version, cluster admin."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from settings import catalog
-from tools.preflight.base import STACK_NAME, Account, CannotCheckError, Result, error_code, first_line, guarded
+from tools.preflight.base import STACK_NAME, Account, CannotCheckError, Result, error_code, first_line
 
 # The CLI's own bootstrap template: `cdk bootstrap` with the pinned CLI installs this version.
 CLI_BOOTSTRAP_TEMPLATE = (
@@ -197,75 +197,6 @@ def kubernetes_version(account: Account) -> list[Result]:
             "Kubernetes version",
             f"EKS does not create {wanted} clusters in {account.region}",
             f"-c kubernetes_version={offered[-1]}",
-        )
-    ]
-
-
-# --- the model token ---------------------------------------------------------------
-def token_secret(account: Account) -> list[Result]:
-    settings = account.settings
-    name = settings.hf_token_secret_name
-    if name is None:
-        return []
-    try:
-        secret = account.client("secretsmanager").describe_secret(SecretId=name)
-    except ClientError as err:
-        if error_code(err) == "ResourceNotFoundException":
-            return [
-                Result(
-                    "FAIL",
-                    "token secret",
-                    f"no secret {name!r} in {account.region}",
-                    f"aws secretsmanager create-secret --name {name} --secret-string file://token.txt "
-                    f"--region {account.region}",
-                )
-            ]
-        raise
-    if secret.get("DeletedDate"):
-        restore = f"aws secretsmanager restore-secret --secret-id {name}"
-        return [Result("FAIL", "token secret", f"{name!r} is scheduled for deletion", restore)]
-    if not any("AWSCURRENT" in stages for stages in secret.get("VersionIdsToStages", {}).values()):
-        return [
-            Result(
-                "FAIL",
-                "token secret",
-                f"{name!r} has no current value",
-                f"aws secretsmanager put-secret-value --secret-id {name} --secret-string file://token.txt",
-            )
-        ]
-    results = [Result("PASS", "token secret", f"{name!r} exists with a current value")]
-    key = secret.get("KmsKeyId")
-    if not key:
-        results.append(Result("PASS", "token secret key", "Secrets Manager's AWS managed key: no grant needed"))
-        return results
-    results.extend(guarded("token secret key", lambda a: _token_key(a, key))(account))
-    return results
-
-
-def _token_key(account: Account, key: str) -> list[Result]:
-    metadata = account.client("kms").describe_key(KeyId=key)["KeyMetadata"]
-    if metadata.get("KeyManager") == "AWS":
-        return [Result("PASS", "token secret key", f"{metadata['Arn']} is AWS managed: no grant needed")]
-    configured = account.settings.hf_token_kms_key_arn
-    if configured == metadata["Arn"]:
-        return [Result("PASS", "token secret key", f"{metadata['Arn']}: the External Secrets role may decrypt with it")]
-    if configured is None:
-        return [
-            Result(
-                "WARN",
-                "token secret key",
-                f"the secret is encrypted with the customer-managed key {metadata['Arn']}; without kms:Decrypt "
-                "the External Secrets role cannot read it and the model token never reaches the pods",
-                f"-c hf_token_kms_key_arn={metadata['Arn']} "
-                "(the key policy must also let this account's IAM policies grant it)",
-            )
-        ]
-    return [
-        Result(
-            "FAIL",
-            "token secret key",
-            f"hf_token_kms_key_arn is {configured}, but the secret is encrypted with {metadata['Arn']}",
-            f"-c hf_token_kms_key_arn={metadata['Arn']}",
         )
     ]
 

@@ -1,10 +1,11 @@
 """The account checks in the order they run: one Result per line of the table.
 
 Every check reads the same Settings `cdk synth` reads. Each lives with its kind:
-account.py (credentials, bootstrap, the deployed stack, versions, token, admin),
-capacity.py (instance types and EFA, reservation, vCPU quotas), zones.py (the GPU
-AZ's offering, the AZ the stack would use, the recorded zone ID) and network.py
-(existing VPC, room for a new one); base.py holds what they share. A check learns
+account.py (credentials, bootstrap, the deployed stack, versions, admin), secrets.py
+(the token's and the API keys' secrets and their KMS keys), capacity.py (instance
+types and EFA, reservation, vCPU quotas), zones.py (the GPU AZ's offering, the AZ
+the stack would use, the recorded zone ID) and network.py (existing VPC, room for
+a new one); base.py holds what they share. A check learns
 into the Account what later checks read, so the order matters.
 """
 
@@ -20,11 +21,11 @@ from tools.preflight.account import (
     deployed_stack,
     identity,
     kubernetes_version,
-    token_secret,
 )
 from tools.preflight.base import Account, Result, Session, guarded
 from tools.preflight.capacity import capacity_reservation, efa, vcpu_quotas
 from tools.preflight.network import existing_vpc, vpc_room
+from tools.preflight.secrets import endpoint_keys_secret, token_secret
 from tools.preflight.zones import gpu_zone, recorded_zone
 
 CHECKS: tuple[tuple[str, Callable[[Account], list[Result]]], ...] = (
@@ -39,6 +40,7 @@ CHECKS: tuple[tuple[str, Callable[[Account], list[Result]]], ...] = (
     ("vCPU quotas", vcpu_quotas),
     ("new VPC", vpc_room),
     ("token secret", token_secret),
+    ("API keys secret", endpoint_keys_secret),
     ("cluster admin", cluster_admin),
 )
 
