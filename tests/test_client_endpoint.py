@@ -26,7 +26,11 @@ from tests.conftest import manifests, rayservice_from, synth
 SERVICE = "pd-llm"
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
 # A range on decode too: more GPU groups' pods, Ray's autoscaler on.
-VARIANTS = {"defaults": {}, "nlb": NLB, "nlb-range": {**NLB, "decode_max_replicas": 3, "decode_target_ongoing_requests": 8}}
+VARIANTS = {
+    "defaults": {},
+    "nlb": NLB,
+    "nlb-range": {**NLB, "decode_max_replicas": 3, "decode_target_ongoing_requests": 8},
+}
 
 
 def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
@@ -61,6 +65,19 @@ def test_each_client_endpoint_selects_exactly_the_ingress_groups_pods(overrides:
         assert not reached(selector, pods) & gpu, f"{name} reaches a GPU worker's Serve proxy"
         assert reached(selector, pods) == {f"{SERVICE}/{INGRESS_GROUP}"}, name
         assert [p["targetPort"] for p in service["spec"]["ports"]] == [SERVE_PORT], name
+
+
+@pytest.mark.parametrize("overrides", [NLB], ids=["nlb"])
+def test_the_placement_proof_puts_every_endpoint_pod_on_a_system_node(overrides: dict[str, Any]) -> None:
+    """Where the placement proof lands the pods each client Service selects: system nodes only."""
+    from tests.cluster import placed
+
+    result = placed(**overrides)
+    pods = placement.ray_workloads(rayservice_from(synth(**overrides)))
+    system = {n.group for n in result.nodes if n.labels.get("role") == "system"}
+    for name, service in client_services(synth(**overrides)).items():
+        selected = reached(service["spec"]["selector"], pods)
+        assert selected and all(result.placed[pod] and result.groups_of(pod) == system for pod in selected), name
 
 
 def test_the_check_fails_on_a_selector_every_serving_pod_matches() -> None:
