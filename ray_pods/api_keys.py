@@ -18,6 +18,9 @@ from a Kubernetes Secret; the file is re-read whenever it changes (the kubelet
 swaps a Secret volume's files atomically), so a rotation needs no restart. Keys
 are compared in constant time and never logged: each request's log line names
 the key id, or for a refused key the first 8 hex digits of its SHA-256.
+
+Chats and completions end at the product's request timeout, and a client that hangs up stops its
+generation, whatever headers it sent Serve's proxy (stream_guard.py).
 """
 
 # No `from __future__ import annotations`: FastAPI reads these signatures at run time.
@@ -31,7 +34,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Form, HTTPException, Request
@@ -48,7 +51,9 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     TranscriptionRequest,
 )
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
+
+from ray_pods.stream_guard import RecordingHandle, generate
 
 # Serve writes this logger to the replica's own log file.
 logger = logging.getLogger("ray.serve")
@@ -61,44 +66,6 @@ def _error(status: int, message: str, error_type: str, code: str, headers: dict[
     """An error in OpenAI's own shape, which every OpenAI client parses."""
     body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
     return JSONResponse(status_code=status, content=body, headers=headers)
-
-
-# The last event of every stream Ray's ingress ends normally. Ray's wrapper tells it by the end of a
-# packet (utils.py, _openai_json_wrapper: endswith "data: [DONE]"): a generated token "[DONE]" sits
-# inside a JSON event, so a substring match would take a cut after it for a whole answer.
-STREAM_END = "data: [DONE]"
-INTERRUPTED = (
-    "The stream was interrupted: the replica generating it stopped (its engine or its node failed). "
-    "The answer above is incomplete; retry the request."
-)
-
-
-async def error_at_a_cut(chunks: AsyncIterable[Any], request_id: str) -> AsyncIterator[Any]:
-    """The stream's events, and an error event if it stops before its end.
-
-    When the decode replica generating a stream dies (its node went away), the handle raises
-    mid-stream (ActorUnavailableError, ActorDiedError); Starlette can no longer change the 200
-    it sent, and closes the body as if it had ended. A client then takes a cut answer for a
-    whole one (measured in the rehearsal's node-loss phase). An error event in OpenAI's shape,
-    as OpenAI's own API sends mid-stream, lets every client see the failure."""
-    ended = False
-    try:
-        async for chunk in chunks:
-            text = chunk.decode(errors="replace") if isinstance(chunk, bytes) else str(chunk)
-            ended = text.strip().endswith(STREAM_END)
-            yield chunk
-    except Exception as err:  # whatever ended the stream, the client must hear of it
-        logger.warning("stream %s cut: %s: %s", request_id, type(err).__name__, str(err)[:200])
-    if not ended:
-        error = {"message": INTERRUPTED, "type": "server_error", "param": None, "code": "stream_interrupted"}
-        yield f"data: {json.dumps({'error': error})}\n\n"
-
-
-def _guard_stream(response: Response, request: Request) -> Response:
-    if isinstance(response, StreamingResponse):
-        request_id = request.headers.get("x-request-id", "") or str(id(response))
-        response.body_iterator = error_at_a_cut(response.body_iterator, request_id)
-    return response
 
 
 def fingerprint(presented: str) -> str:
@@ -211,6 +178,9 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
 
     Args (ingress_cls_config.ingress_extra_kwargs):
         keys_file: the mounted JSON file of key id to key.
+        request_timeout_s: the product's request timeout (setting request_timeout_seconds, as
+            http_options has it); every chat and completion ends there, whatever the client's
+            headers (ray_pods/stream_guard.py).
         requests_per_minute: per key and per ingress replica; 0 (default) for no limit.
         code_digest: the digest of this package as the stack shipped it; unused
             here, it makes a code change a serve config change.
@@ -222,6 +192,7 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
         model_cards: Any,
         *,
         keys_file: str,
+        request_timeout_s: float,
         requests_per_minute: int = 0,
         code_digest: str = "",
         **kwargs: Any,
@@ -229,6 +200,7 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
         super().__init__(llm_deployments, model_cards, **kwargs)
         self._keys = KeyFile(keys_file)
         self._limit = RateLimit(requests_per_minute)
+        self._timeout_s = request_timeout_s
         limit = requests_per_minute or "no limit"
         logger.info("API key check on (code %s from %s, %s requests/min per key)", code_digest, __file__, limit)
 
@@ -292,6 +264,10 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
             return None, _error(400, message, "invalid_request_error", "invalid_parameter")
         return body, await self._unknown_model(getattr(body, "model", None))
 
+    def _get_configured_serve_handle(self, model_id: str) -> RecordingHandle:
+        """Ray's handle to the model, keeping each call a request makes so an early end can cancel it."""
+        return RecordingHandle(super()._get_configured_serve_handle(model_id))
+
     async def _unknown_model(self, model: str | None) -> Response | None:
         """OpenAI's answer for a model this endpoint does not serve (Ray's is FastAPI's bare {"detail": ...})."""
         try:
@@ -311,11 +287,11 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
 
     async def completions(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, CompletionRequest)
-        return refusal or _guard_stream(await super().completions(body, request), request)
+        return refusal or await generate(request, self._timeout_s, super().completions(body, request), _error)
 
     async def chat(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, ChatCompletionRequest)
-        return refusal or _guard_stream(await super().chat(body, request), request)
+        return refusal or await generate(request, self._timeout_s, super().chat(body, request), _error)
 
     async def embeddings(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, EmbeddingRequest)

@@ -69,6 +69,10 @@ def ingress_cls_config(settings: Settings) -> dict[str, Any] | None:
         "ingress_cls": API_KEY_INGRESS,
         "ingress_extra_kwargs": {
             "keys_file": f"{API_KEYS_MOUNT}/{API_KEYS_FILE_KEY}",
+            # The ingress ends chats and completions here itself: a client's headers can turn
+            # Serve's own timeout off (ray_pods/stream_guard.py); decode's drain covers exactly this
+            # (settings/sizing.py, graceful_shutdown).
+            "request_timeout_s": settings.request_timeout_seconds,
             "requests_per_minute": settings.endpoint_rate_limit_rpm,
             "code_digest": ray_pods_digest(),
         },

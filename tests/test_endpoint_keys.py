@@ -109,11 +109,12 @@ def test_on_the_defaults_the_endpoint_is_rays_own_and_no_key_is_mounted(template
 
 @pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
 def test_the_serve_config_names_the_key_ingress_with_the_mounted_file(mode: str) -> None:
-    args = _app_args(synth(**KEYS, serving_mode=mode, endpoint_rate_limit_rpm=120))
+    args = _app_args(synth(**KEYS, serving_mode=mode, endpoint_rate_limit_rpm=120, request_timeout_seconds=900))
     assert args["ingress_cls_config"] == {
         "ingress_cls": "ray_pods.api_keys:ApiKeyIngress",
         "ingress_extra_kwargs": {
             "keys_file": "/etc/pd-inference/api-keys/keys.json",
+            "request_timeout_s": 900,
             "requests_per_minute": 120,
             "code_digest": endpoint_keys.ray_pods_digest(),
         },
@@ -289,6 +290,7 @@ class FakeModelHandle:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.cancelled = 0
 
     def options(self, **_: Any) -> FakeModelHandle:
         return self
@@ -297,9 +299,9 @@ class FakeModelHandle:
         handle = self
 
         class Remote:
-            def remote(self, *_: Any) -> AsyncIterator[Any]:
+            def remote(self, *_: Any) -> FakeCall:
                 handle.calls += 1
-                return handle._answer()
+                return FakeCall(handle)
 
         return Remote()
 
@@ -307,6 +309,23 @@ class FakeModelHandle:
         from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 
         yield ErrorResponse(error=ErrorInfo(message="the model answered", type="test", code=418))
+
+
+class FakeCall:
+    """What a handle call returns: the answer's chunks, and cancel() as Serve's DeploymentResponseGenerator has it."""
+
+    def __init__(self, handle: FakeModelHandle) -> None:
+        self._handle = handle
+        self._chunks = handle._answer()
+
+    def __aiter__(self) -> FakeCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._chunks.__anext__()
+
+    def cancel(self) -> None:
+        self._handle.cancelled += 1
 
 
 @pytest.fixture
@@ -326,7 +345,7 @@ def ingress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleN
     make_fastapi_ingress(ApiKeyIngress, app=app)
     handle = FakeModelHandle()
     card = ModelCard(id=MODEL, object="model", owned_by="test", permission=[], metadata={})
-    instance = ApiKeyIngress({MODEL: handle}, {MODEL: card}, keys_file=str(keys_file))
+    instance = ApiKeyIngress({MODEL: handle}, {MODEL: card}, keys_file=str(keys_file), request_timeout_s=600)
     # What Ray's class-based view asks for each request: the replica's own instance.
     monkeypatch.setattr(ray_serve, "get_replica_context", lambda: SimpleNamespace(servable_object=instance))
     records: list[str] = []
@@ -537,7 +556,7 @@ def test_the_replica_refuses_to_start_without_a_usable_key(tmp_path: Path) -> No
         path = tmp_path / "keys.json"
         path.write_text(content)
         with pytest.raises(ValueError, match="no usable API key"):
-            ApiKeyIngress({}, {}, keys_file=str(path))
+            ApiKeyIngress({}, {}, keys_file=str(path), request_timeout_s=600)
 
 
 def test_the_rate_window_slides() -> None:
@@ -596,16 +615,74 @@ def test_a_generated_done_token_does_not_hide_a_later_cut(ingress: SimpleNamespa
     assert [json.loads(e)["choices"][0]["delta"].get("content") for e in events[:-1]] == ["Once", token]
 
 
-def test_a_stream_that_ends_normally_gets_no_error_event(ingress: SimpleNamespace) -> None:
-    import asyncio
+class StreamingHandle(FakeModelHandle):
+    """Decode's handle streaming `count` chunks (None: for ever), one every `interval` s, then ending."""
 
-    from ray_pods.api_keys import error_at_a_cut
+    def __init__(self, count: int | None, interval: float = 0.0, first_after: float = 0.0) -> None:
+        super().__init__()
+        self.count, self.interval, self.first_after = count, interval, first_after
 
-    async def whole() -> AsyncIterator[str]:
-        for event in ('data: {"choices": []}\n\n', "data: [DONE]\n\n"):
-            yield event
+    async def _answer(self) -> AsyncIterator[Any]:
+        import asyncio
+        import itertools
 
-    async def collect() -> list[str]:
-        return [chunk async for chunk in error_at_a_cut(whole(), "r")]
+        from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionStreamResponse
 
-    assert asyncio.run(collect()) == ['data: {"choices": []}\n\n', "data: [DONE]\n\n"]
+        await asyncio.sleep(self.first_after)
+        for index in itertools.count() if self.count is None else range(self.count):
+            yield ChatCompletionStreamResponse.model_validate(
+                {"id": "c", "created": 0, "model": MODEL, "choices": [{"index": 0, "delta": {"content": f"t{index}"}}]}
+            )
+            await asyncio.sleep(self.interval)
+
+
+def _events(text: str) -> list[str]:
+    return [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
+
+
+def test_a_stream_that_ends_normally_gets_no_error_event_and_nothing_is_cancelled(ingress: SimpleNamespace) -> None:
+    ingress.instance._default_serve_handles[MODEL] = handle = StreamingHandle(2)
+    response = ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=_auth(GOOD))
+    events = _events(response.text)
+    assert events[-1] == "[DONE]" and len(events) == 3, events
+    assert handle.cancelled == 0
+
+
+# What a caller sends Serve's proxy to keep a stream past its timeout and past a hang-up (Ray 2.58
+# serve/_private/http_util.py): the ingress must hold its own deadline whatever they say.
+OUTLIVE_THE_DRAIN = {"x-request-timeout-seconds": "0", "x-request-disconnect-disabled": "?1"}
+
+
+def test_a_stream_ends_at_the_request_timeout_with_an_error_event_and_the_model_call_cancelled(
+    ingress: SimpleNamespace,
+) -> None:
+    import time
+
+    # 15 s of chunks: without a deadline of its own the ingress would stream them all.
+    ingress.instance._default_serve_handles[MODEL] = handle = StreamingHandle(300, interval=0.05)
+    ingress.instance._timeout_s = 1.0
+    started = time.monotonic()
+    response = ingress.client.post(
+        "/v1/chat/completions", json={**CHAT, "stream": True}, headers={**_auth(GOOD), **OUTLIVE_THE_DRAIN}
+    )
+    took = time.monotonic() - started
+    assert response.status_code == 200 and 1.0 <= took < 10, took
+    events = _events(response.text)
+    assert len(events) > 2 and "[DONE]" not in events
+    error = json.loads(events[-1])["error"]
+    assert error["code"] == "request_timeout" and "1 s" in error["message"], error
+    assert handle.cancelled == 1
+
+
+def test_no_first_token_within_the_request_timeout_is_an_openai_408_and_the_call_is_cancelled(
+    ingress: SimpleNamespace,
+) -> None:
+    ingress.instance._default_serve_handles[MODEL] = handle = StreamingHandle(1, first_after=30)
+    ingress.instance._timeout_s = 0.5
+    for stream in (True, False):
+        response = ingress.client.post(
+            "/v1/chat/completions", json={**CHAT, "stream": stream}, headers={**_auth(GOOD), **OUTLIVE_THE_DRAIN}
+        )
+        assert response.status_code == 408, response.text
+        assert response.json()["error"]["code"] == "request_timeout"
+    assert handle.cancelled == 2
