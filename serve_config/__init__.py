@@ -224,6 +224,30 @@ def _token_env(settings: Settings) -> list[dict[str, Any]]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
 
 
+# Ray's resource for a node's accelerator (ray/_common/utils.py RESOURCE_CONSTRAINT_PREFIX, Ray 2.58):
+# the raylet of an L4 node advertises accelerator_type:L4 = 1, and Ray LLM asks for 0.001 of it in
+# every bundle of an LLMConfig with accelerator_type (engines/vllm/vllm_models.py placement_bundles).
+ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
+
+
+def accelerator_resource(settings: Settings) -> str:
+    """The accelerator resource of the GPU type (Ray LLM's format_ray_accelerator_resource)."""
+    return ACCELERATOR_RESOURCE_PREFIX + settings.gpu_instance.ray_accelerator_type
+
+
+def group_resources(settings: Settings, side: str) -> dict[str, int]:
+    """The custom resources a side's worker group declares: the side's own, which pins its replicas to
+    it, and the GPU's accelerator resource.
+
+    Ray's autoscaler knows a group's resources only from the RayCluster
+    (autoscaler/_private/kuberay/autoscaling_config.py) and learns CPU, GPU and memory alone from a
+    running pod (resource_demand_scheduler.py, _update_node_resources_from_runtime). Without the
+    accelerator declared here no group could hold an engine's bundle, and no side would scale up,
+    from its minimum or from an empty group.
+    """
+    return {side: 1, accelerator_resource(settings): 1}
+
+
 def worker_resources(settings: Settings, side: str = PREFILL) -> dict[str, str]:
     """What one worker pod asks for: its tensor-parallel group's GPUs, the EFA devices that go with
     them (the node's EFA devices split evenly across its pods), its share of most of the node's CPU
@@ -290,11 +314,12 @@ def rayservice(
         # One pod per replica: the group's bounds are the side's.
         low, high = replicas(settings, side), settings.side_max_replicas(side)
         group.update({"groupName": side, "replicas": low, "minReplicas": low, "maxReplicas": high})
-        # The custom resource each side's placement bundles ask for, in the form
+        # The custom resources each side's placement bundles ask for, in the form
         # KubeRay writes itself: single-quoted JSON. KubeRay parses it by trimming
         # quotes and a strict JSON parse, and pastes it into `ray start
-        # --resources=...` under bash, where the single quotes keep it one word.
-        group["rayStartParams"]["resources"] = f"'{json.dumps({side: 1})}'"
+        # --resources=...` under bash, where the single quotes keep it one word;
+        # Ray's autoscaler drops the first and last character and parses the rest.
+        group["rayStartParams"]["resources"] = f"'{json.dumps(group_resources(settings, side))}'"
         group["template"]["metadata"] = {"labels": pod_labels(settings)}
         pod = group["template"]["spec"]
         pod["nodeSelector"] = dict(gpu_node_labels)

@@ -438,8 +438,17 @@ def validate(s: Settings) -> Settings:
         s.gpu_memory_utilization,
         f"0.5 to {MAX_GPU_MEMORY_UTILIZATION}",
     )
-    _require(1 <= s.prefill_replicas <= 16, "prefill_replicas", s.prefill_replicas, "1 to 16")
-    _require(1 <= s.decode_replicas <= 16, "decode_replicas", s.decode_replicas, "1 to 16")
+    for side in ("prefill", "decode"):
+        key, low = f"{side}_replicas", s.side_replicas(side)
+        # Ray's autoscaler could start a side's first pod (serve_config.group_resources), but the rest
+        # of the stack is built for a running replica per side.
+        _require(
+            1 <= low <= 16,
+            key,
+            low,
+            "1 to 16 (the side's minimum; never 0: its ReplicasBelowMinimum alert would page through absent() "
+            "whenever the side has no replica, and scaling a GPU node group up from 0 nodes is untested)",
+        )
     _require(s.serving_mode in SERVING_MODES, "serving_mode", s.serving_mode, f"one of {list(SERVING_MODES)}")
     assert gpu is not None
     _validate_scaling_bounds(s)

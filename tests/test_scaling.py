@@ -364,8 +364,10 @@ def test_rays_autoscaler_reads_each_groups_resource_and_bounds(overrides: dict[s
     groups = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     for group in groups:
         name, params = group["groupName"], group["rayStartParams"]
-        assert autoscaling_config._get_custom_resources(group.get("resources", {}), params, name) == {name: 1}
-        assert kuberay_resources(params["resources"]) == {name: 1.0}
+        # A GPU group declares its accelerator too (tests/test_scale_up.py).
+        expected = {name: 1, "accelerator_type:L4": 1} if name in serve_config.SIDES else {name: 1}
+        assert autoscaling_config._get_custom_resources(group.get("resources", {}), params, name) == expected
+        assert kuberay_resources(params["resources"]) == expected
     derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(_ray_cluster(doc))
     for group in groups:
         node_type = derived["available_node_types"][group["groupName"]]

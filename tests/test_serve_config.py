@@ -79,7 +79,8 @@ def test_head_on_system_nodes_without_gpu(rayservice: dict[str, Any]) -> None:
 def test_worker_groups_request_gpu_and_efa_on_gpu_nodes(rayservice: dict[str, Any], side: str) -> None:
     (group,) = [g for g in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == side]
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
-    assert kuberay_resources(group["rayStartParams"]["resources"]) == {side: 1}
+    # The side's resource, and the GPU's for Ray's autoscaler (tests/test_scale_up.py).
+    assert kuberay_resources(group["rayStartParams"]["resources"]) == {side: 1, "accelerator_type:L4": 1}
     pod = group["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "gpu-worker"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -200,11 +201,12 @@ def test_worker_resources_survive_kuberays_parse_and_bash(rayservice: dict[str, 
     """KubeRay 1.7.0 trims quotes and JSON-parses rayStartParams.resources (getResourcesMap), then
     pastes it as `--resources=<value>` into a bash command line; Ray json.loads the flag's value."""
     for group in _groups(rayservice):
-        raw = group["rayStartParams"]["resources"]
+        raw, name = group["rayStartParams"]["resources"], group["groupName"]
+        expected = {name: 1, "accelerator_type:L4": 1} if name in serve_config.SIDES else {name: 1}
         trimmed = raw.strip("'\"` ")
-        assert json.loads(trimmed) == {group["groupName"]: 1}  # Go's json.Unmarshal is as strict
+        assert json.loads(trimmed) == expected  # Go's json.Unmarshal is as strict
         (flag,) = shlex.split(f"--resources={raw}")
-        assert json.loads(flag.removeprefix("--resources=")) == {group["groupName"]: 1}
+        assert json.loads(flag.removeprefix("--resources=")) == expected
 
 
 def test_the_old_doubly_escaped_form_fails_kuberays_parse() -> None:
