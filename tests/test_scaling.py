@@ -224,34 +224,11 @@ def test_serve_deploy_schema_accepts_every_deployment_config(overrides: dict[str
 
 
 def _deployed(doc: dict[str, Any]) -> dict[str, Any]:
-    """What Serve's controller runs for the serve config: the builder's deployments, as the build task makes
-    them (application_state.py build_serve_application), with the application's `deployments` applied by
-    Serve's own override_deployment_info. Its DeploymentConfig per deployment name."""
-    from ray.serve._private.application_state import override_deployment_info
-    from ray.serve._private.build_app import build_app
-    from ray.serve._private.deploy_utils import deploy_args_to_deployment_info, get_app_code_version, get_deploy_args
-    from ray.serve._private.deployment_info import DeploymentInfo
-    from ray.serve.llm import build_openai_app, build_pd_openai_app
-    from ray.serve.schema import ServeApplicationSchema
+    """What Serve's controller runs for the serve config's one application (tools/serve_controller.py)."""
+    from tools.serve_controller import deployment_infos
 
     (app,) = doc["applications"]
-    schema = ServeApplicationSchema.model_validate(app)
-    builder = build_openai_app if "llm_configs" in app["args"] else build_pd_openai_app
-    built = build_app(builder(app["args"]), name=app["name"])
-    version = get_app_code_version(schema)
-    infos: dict[str, DeploymentInfo] = {}
-    for deployment in built.deployments:
-        deploy_args = get_deploy_args(
-            name=deployment._name,
-            replica_config=deployment._replica_config,
-            ingress=deployment.name == built.ingress_deployment_name,
-            deployment_config=deployment._deployment_config,
-            version=version,
-            route_prefix="/" if deployment.name == built.ingress_deployment_name else None,
-        )
-        infos[deployment.name] = deploy_args_to_deployment_info(**deploy_args, app_name=app["name"])
-    deployed: dict[str, Any] = override_deployment_info(infos, schema)
-    return deployed
+    return deployment_infos(app)
 
 
 @serve
