@@ -8,7 +8,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 CDK := $(abspath node_modules/.bin/cdk)
 
-.PHONY: setup setup-serve synth test test-fast rehearse lint fetch-schemas schemas review handoff preflight plan verify bench benchmark clean
+.PHONY: setup setup-serve synth test test-fast rehearse lint fetch-schemas schemas review handoff preflight plan change-impact verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,14 @@ preflight: setup
 ## The KV-transfer budget for the current settings (also printed at synth).
 plan: setup
 	$(BIN)/python -m tools.plan $(CDK_ARGS)
+
+## What a change interrupts and for how long (tools/change_impact.py), as the PR comment says it:
+## DEPLOYED=deployed.json (aws cloudformation get-template --template-stage Original --query TemplateBody
+## --output json), PROPOSED defaults to the last `make synth`; CDK_ARGS as for synth.
+PROPOSED ?= cdk.out/PdInference.template.json
+change-impact: setup-serve
+	$(if $(DEPLOYED),,$(error DEPLOYED=path/to/deployed.json is required))
+	$(BIN)/python -m tools.change_impact $(DEPLOYED) $(PROPOSED) $(CDK_ARGS)
 
 ## After `cdk deploy`: check the fabric, the endpoint and the NIXL metrics.
 verify: setup

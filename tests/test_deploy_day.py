@@ -209,9 +209,10 @@ def test_the_operator_is_not_waited_on_needlessly(template: dict[str, Any]) -> N
 
 
 def test_the_pr_comment_says_when_the_ray_cluster_is_recreated() -> None:
-    from tools.pr_guard import ray_cluster_note
+    """A new image leaves the serve config alone: no Ray is needed to tell (tests/test_change_impact.py)."""
+    from tools.pr_guard import impact_summary
 
-    base = synth()
-    assert ray_cluster_note(base, synth(max_model_len="4096")) == ""
-    note = ray_cluster_note(base, synth(ray_image="public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0"))
-    assert "Ray cluster will be recreated" in note
+    note = impact_summary(
+        synth(), synth(ray_image="public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0"), []
+    )
+    assert note.startswith("**Interruption: a new Ray cluster.** The recreate Job deletes the running RayCluster")

@@ -4,8 +4,8 @@
 
 The comparison is @aws-cdk/cloudformation-diff's (tools/destructive_changes.mjs),
 the same library `cdk diff` uses; this script adds the opt-in and the summary.
-The summary also says when the change will recreate the Ray cluster (its
-rayClusterConfig changed: the recreate Job deletes the running RayCluster).
+The summary also names what the change interrupts, and for how long (tools/change_impact.py:
+in place, replicas restarted, a new Ray cluster, nodes replaced, a stateful resource replaced).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from serve_config import CLUSTER_CONFIG_LABEL
-from tools.review import render
+from settings import settings_from_cli
+from tools import change_impact
 
 ROOT = Path(__file__).resolve().parent.parent
 OPT_IN_LABEL = "allow-destructive-change"
@@ -47,26 +47,13 @@ def destructive_changes(before: Path, after: Path) -> list[dict[str, str]]:
     return changes
 
 
-def _cluster_config_hash(template: dict[str, Any]) -> str | None:
-    """The RayService's rayClusterConfig hash label, read from the template's manifests."""
-    for resource in template.get("Resources", {}).values():
-        if resource.get("Type") != "Custom::AWSCDK-EKS-KubernetesResource":
-            continue
-        for doc in json.loads(render(resource["Properties"]["Manifest"])):
-            if doc.get("kind") == "RayService":
-                return str(doc.get("metadata", {}).get("labels", {}).get(CLUSTER_CONFIG_LABEL))
-    return None
-
-
-def ray_cluster_note(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """One line for the PR comment when the Ray cluster will be recreated on deploy."""
-    old, new = _cluster_config_hash(before), _cluster_config_hash(after)
-    if old is None or new is None or old == new:
-        return ""
-    return (
-        "**The Ray cluster will be recreated** (its rayClusterConfig changed): the endpoint is down from the "
-        'deletion of the running RayCluster until the new one has loaded the model (README "Upgrades").\n'
-    )
+def impact_summary(before: dict[str, Any], after: dict[str, Any], changes: list[dict[str, str]]) -> str:
+    """What the change interrupts and for how long (tools/change_impact.py), on the project's settings."""
+    try:
+        found = change_impact.classify(before, after, changes)
+    except ImportError as err:
+        return f"**Interruption: not computed**: it runs Serve's own code ({err}); run `make setup-serve`.\n"
+    return change_impact.markdown(found, settings_from_cli([]))
 
 
 def summary(changes: list[dict[str, str]], allowed: bool) -> str:
@@ -91,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     allowed = args.allow.strip().lower() == "true"
     changes = destructive_changes(args.deployed, args.proposed)
-    text = summary(changes, allowed) + ray_cluster_note(
-        json.loads(args.deployed.read_text()), json.loads(args.proposed.read_text())
-    )
+    before, after = (json.loads(p.read_text()) for p in (args.deployed, args.proposed))
+    text = summary(changes, allowed) + "\n" + impact_summary(before, after, changes)
     print(text, end="")
     if args.markdown:
         args.markdown.write_text(text)
