@@ -19,6 +19,7 @@ from tools.review import render
 KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys"}
 KEYS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 TOKEN_KEY = "arn:aws:kms:us-east-1:123456789012:key/0000abcd-12ab-34cd-56ef-1234567890ab"
+VIA_SECRETS_MANAGER = "secretsmanager.${AWS::Region}.amazonaws.com"
 
 
 def _decrypts(template: dict[str, Any]) -> list[dict[str, Any]]:
@@ -30,7 +31,7 @@ def test_the_keys_secrets_key_is_decryptable_by_external_secrets_through_secrets
     template = synth(**KEYS, endpoint_api_keys_kms_key_arn=KEYS_KEY)
     (decrypt,) = _decrypts(template)
     assert decrypt["Resource"] == KEYS_KEY
-    assert render(decrypt["Condition"]["StringEquals"]["kms:ViaService"]) == "secretsmanager.${AWS::Region}.amazonaws.com"
+    assert render(decrypt["Condition"]["StringEquals"]["kms:ViaService"]) == VIA_SECRETS_MANAGER
     # No other role in the stack may decrypt with it.
     grants = [
         s
@@ -52,7 +53,7 @@ def test_each_secret_gets_the_grant_for_its_own_key() -> None:
     # CDK merges statements that differ only in their resources.
     (decrypt,) = _decrypts(template)
     assert sorted(decrypt["Resource"]) == sorted([KEYS_KEY, TOKEN_KEY])
-    assert render(decrypt["Condition"]["StringEquals"]["kms:ViaService"]) == "secretsmanager.${AWS::Region}.amazonaws.com"
+    assert render(decrypt["Condition"]["StringEquals"]["kms:ViaService"]) == VIA_SECRETS_MANAGER
 
 
 def test_without_the_setting_no_key_is_granted() -> None:
