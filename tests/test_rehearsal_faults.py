@@ -81,4 +81,3 @@ def test_only_the_named_phases_run_when_asked_and_all_of_them_otherwise(monkeypa
     assert cases.phases("pd") == cases.CASE_PHASES["pd"]
     monkeypatch.setenv(cases.ONLY_PHASES, "node_loss_check")
     assert [p.__name__ for p in cases.phases("pd")] == ["node_loss_check"]
-
