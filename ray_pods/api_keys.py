@@ -1,4 +1,4 @@
-"""Ray Serve LLM's OpenAI ingress with API keys: every route refuses a caller without a valid key.
+"""The product's OpenAI ingress, in every mode; with API keys, every route refuses a caller without a valid key.
 
 Named in serveConfigV2 as ``ingress_cls_config.ingress_cls`` (Ray 2.58
 ``IngressClsConfig``); Ray's builder turns it into the FastAPI ingress with
@@ -20,7 +20,9 @@ are compared in constant time and never logged: each request's log line names
 the key id, or for a refused key the first 8 hex digits of its SHA-256.
 
 Chats and completions end at the product's request timeout, and a client that hangs up stops its
-generation, whatever headers it sent Serve's proxy (stream_guard.py).
+generation, whatever headers it sent Serve's proxy (stream_guard.py). These hold with keys or
+without: the serve config names this class whether keys are on or not, and without ``keys_file``
+it admits every caller, as Ray's own ingress does (no key is read, none is asked for).
 """
 
 # No `from __future__ import annotations`: FastAPI reads these signatures at run time.
@@ -174,14 +176,17 @@ class RateLimit:
 
 
 class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
-    """OpenAiIngress behind API keys (and an optional per-key rate limit).
+    """OpenAiIngress with the product's request timeout and cut-stream guard, behind API keys (and an
+    optional per-key rate limit) when a keys file is given.
 
     Args (ingress_cls_config.ingress_extra_kwargs):
-        keys_file: the mounted JSON file of key id to key.
+        keys_file: the mounted JSON file of key id to key; None (default): no key check, every
+            caller admitted.
         request_timeout_s: the product's request timeout (setting request_timeout_seconds, as
             http_options has it); every chat and completion ends there, whatever the client's
             headers (ray_pods/stream_guard.py).
-        requests_per_minute: per key and per ingress replica; 0 (default) for no limit.
+        requests_per_minute: per key and per ingress replica; 0 (default) for no limit. Only with
+            keys_file (it is counted per key).
         code_digest: the digest of this package as the stack shipped it; unused
             here, it makes a code change a serve config change.
     """
@@ -191,21 +196,28 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
         llm_deployments: Any,
         model_cards: Any,
         *,
-        keys_file: str,
+        keys_file: str | None = None,
         request_timeout_s: float,
         requests_per_minute: int = 0,
         code_digest: str = "",
         **kwargs: Any,
     ) -> None:
+        if keys_file is None and requests_per_minute:
+            raise ValueError("requests_per_minute needs keys_file: the limit is counted per key")
         super().__init__(llm_deployments, model_cards, **kwargs)
-        self._keys = KeyFile(keys_file)
+        self._keys = None if keys_file is None else KeyFile(keys_file)
         self._limit = RateLimit(requests_per_minute)
         self._timeout_s = request_timeout_s
+        if self._keys is None:
+            logger.info("API key check off, every caller admitted (code %s from %s)", code_digest, __file__)
+            return
         limit = requests_per_minute or "no limit"
         logger.info("API key check on (code %s from %s, %s requests/min per key)", code_digest, __file__, limit)
 
     def _refusal(self, request: Request) -> Response | None:
-        """None to admit the request; else the response that refuses it. Logs who called."""
+        """None to admit the request; else the response that refuses it. Logs who called (with keys)."""
+        if self._keys is None:
+            return None
         self._keys.refresh()
         where = f"{request.method} {request.url.path}"
         if not self._keys.usable:

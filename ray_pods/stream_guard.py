@@ -1,5 +1,6 @@
-"""The key ingress's generating routes: the request timeout kept by the ingress, an error event when a
-stream is cut or reaches it, and the model's work cancelled when a stream ends before its last event.
+"""The product's ingress's generating routes, keys on or off: the request timeout kept by the ingress, an
+error event when a stream is cut or reaches it, and the model's work cancelled when a stream ends before
+its last event.
 
 Serve's proxy reads two client headers before any ingress sees the request (Ray 2.58
 serve/_private/proxy.py, send_request_to_replica; http_util.py): ``x-request-timeout-seconds``

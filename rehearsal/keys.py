@@ -55,7 +55,7 @@ def write_like_the_kubelet(folder: Path, keys: dict[str, str], generation: int) 
 
 def prepare(setup: Setup, manifests: list[dict[str, Any]]) -> EndpointKeys | None:
     """The two CPU deltas of the key check: the code wherever the template ships it (the NIXL callback in
-    P/D mode needs it too), the keys when the synthesized serve config names the key ingress."""
+    P/D mode needs it too), the keys when the synthesized serve config gives the ingress a keys file."""
     code = [m for m in manifests if m.get("kind") == "ConfigMap" and m["metadata"]["name"] == "ray-pods-code"]
     for configmap in code:
         package = setup.work / "python" / RAY_PODS_PACKAGE
@@ -64,8 +64,9 @@ def prepare(setup: Setup, manifests: list[dict[str, Any]]) -> EndpointKeys | Non
             (package / name).write_text(text)
         setup.env["PYTHONPATH"] = str(setup.work / "python")
     args = setup.config["applications"][0]["args"]
-    ingress = args.get("ingress_cls_config")
-    if ingress is None:
+    # The product's ingress is in every serve config; it reads keys only when it names a keys file.
+    ingress = args["ingress_cls_config"]
+    if "keys_file" not in ingress["ingress_extra_kwargs"]:
         return None
     keys = EndpointKeys(
         folder=setup.work / "api-keys",

@@ -181,9 +181,7 @@ def serve_application(settings: Settings) -> dict[str, Any]:
         app["args"] = {"llm_configs": [aggregated_llm_config(settings)]}
     else:
         app["args"] = {f"{side}_config": llm_config(settings, side) for side in SIDES}
-    ingress = ingress_cls_config(settings)
-    if ingress is not None:
-        app["args"]["ingress_cls_config"] = ingress
+    app["args"]["ingress_cls_config"] = ingress_cls_config(settings)
     app["args"]["ingress_deployment_config"] = ingress_deployment_config()
     app["deployments"] = deployments.serve_deployments(settings)
     return app

@@ -23,8 +23,6 @@ from settings import Settings, sizing
 # Past a deployment's queue bound Serve answers this (503 or 429, serve/config.py BackpressureConfig);
 # 429 is the key rate limit's (ray_pods/api_keys.py): 503 says the service, not the caller, is full.
 BACKPRESSURE_STATUS = 503
-# Ray LLM's ingress without keys (ray/llm/_internal/serve/core/ingress/builder.py, IngressClsConfig).
-OPEN_INGRESS_CLASS = "OpenAiIngress"
 # The deployment name prefix Ray LLM gives each engine deployment: build_pd_openai_app names its sides
 # (serving_patterns/prefill_decode/builder.py), build_openai_app takes the server class's name
 # (core/server/builder.py, build_llm_deployment).
@@ -43,9 +41,8 @@ def deployment_name_of(model_id: str, side: str) -> str:
 
 
 def ingress_deployment_name(settings: Settings) -> str:
-    """The ingress deployment's name: its class's (make_fastapi_ingress keeps it)."""
-    if settings.endpoint_api_keys_secret_name is None:
-        return OPEN_INGRESS_CLASS
+    """The ingress deployment's name: its class's (make_fastapi_ingress keeps it), the product's in every
+    mode (serve_config/endpoint_keys.py, ingress_cls_config)."""
     return API_KEY_INGRESS.rsplit(":", 1)[1]
 
 

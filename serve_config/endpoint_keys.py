@@ -1,8 +1,10 @@
-"""Who may call the endpoint: the key ingress in the serve config, and the code and keys every Ray pod mounts.
+"""Who may call the endpoint: the product's ingress in the serve config, and the code and keys every Ray pod mounts.
 
-The ingress class is the product's own (ray_pods/api_keys.py); it reaches the pods
-as a ConfigMap, and the keys as a Secret that External Secrets keeps equal to the
-Secrets Manager secret the settings name (cdk_constructs/secrets_sync.py).
+The ingress class is the product's own (ray_pods/api_keys.py) in every mode, keys on
+or off: it keeps the request timeout and the cut-stream guard (ray_pods/stream_guard.py),
+which Ray's own ingress has not. It reaches the pods as a ConfigMap; with keys on, the
+keys as a Secret that External Secrets keeps equal to the Secrets Manager secret the
+settings name (cdk_constructs/secrets_sync.py).
 """
 
 from __future__ import annotations
@@ -61,18 +63,24 @@ def ray_pods_configmap(settings: Settings) -> dict[str, Any]:
     }
 
 
-def ingress_cls_config(settings: Settings) -> dict[str, Any] | None:
-    """The ingress behind API keys (ray_pods/api_keys.py), or None for Ray's own open ingress."""
+def ingress_cls_config(settings: Settings) -> dict[str, Any]:
+    """The product's ingress (ray_pods/api_keys.py): behind API keys when they are on, open to every
+    caller otherwise. Ray's own OpenAiIngress is never used: a client's headers can turn Serve's
+    timeout and its hang-up cancel off, and only this class keeps them (ray_pods/stream_guard.py)."""
+    # The ingress ends chats and completions here itself: a client's headers can turn Serve's own
+    # timeout off (ray_pods/stream_guard.py); decode's drain covers exactly this (settings/sizing.py,
+    # graceful_shutdown).
+    timeout = settings.request_timeout_seconds
     if settings.endpoint_api_keys_secret_name is None:
-        return None
+        return {
+            "ingress_cls": API_KEY_INGRESS,
+            "ingress_extra_kwargs": {"request_timeout_s": timeout, "code_digest": ray_pods_digest()},
+        }
     return {
         "ingress_cls": API_KEY_INGRESS,
         "ingress_extra_kwargs": {
             "keys_file": f"{API_KEYS_MOUNT}/{API_KEYS_FILE_KEY}",
-            # The ingress ends chats and completions here itself: a client's headers can turn
-            # Serve's own timeout off (ray_pods/stream_guard.py); decode's drain covers exactly this
-            # (settings/sizing.py, graceful_shutdown).
-            "request_timeout_s": settings.request_timeout_seconds,
+            "request_timeout_s": timeout,
             "requests_per_minute": settings.endpoint_rate_limit_rpm,
             "code_digest": ray_pods_digest(),
         },

@@ -7,6 +7,7 @@ deployment's handle answered here; the rehearsal runs it with real engines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -100,11 +101,19 @@ def test_an_nlb_without_keys_warns_in_one_line_and_port_forward_alone_does_not()
 
 
 # --- What the template carries ----------------------------------------------------------------
-def test_on_the_defaults_the_endpoint_is_rays_own_and_no_key_is_mounted(template: dict[str, Any]) -> None:
-    assert "ingress_cls_config" not in _app_args(template)
+@pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
+def test_on_the_defaults_the_products_ingress_serves_without_keys_and_no_key_is_mounted(mode: str) -> None:
+    """Ray's own OpenAiIngress lets a client's headers turn off Serve's timeout and hang-up cancel: the
+    product's ingress serves on the defaults too, with its deadline and no keys file."""
+    template = synth(serving_mode=mode, request_timeout_seconds=900)
+    assert _app_args(template)["ingress_cls_config"] == {
+        "ingress_cls": "ray_pods.api_keys:ApiKeyIngress",
+        "ingress_extra_kwargs": {"request_timeout_s": 900, "code_digest": endpoint_keys.ray_pods_digest()},
+    }
     assert "ExternalSecret" not in {m["kind"] for m in manifests(template)}
     for pod in _pods(template):
         assert "api-keys" not in {v["name"] for v in pod["spec"].get("volumes", [])}
+        assert "ray-pods-code" in {v["name"] for v in pod["spec"].get("volumes", [])}
 
 
 @pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
@@ -217,26 +226,34 @@ def test_no_key_reaches_the_template_or_cdk_out(tmp_path: Path) -> None:
 # --- Ray accepts it, and the pods can import it -------------------------------------------------
 @serve
 @one_ray
+@pytest.mark.parametrize("keys", [True, False], ids=["keys", "defaults"])
 @pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
-def test_rays_builders_put_the_key_ingress_in_front(mode: str, local_ray: None, tmp_path: Path) -> None:
+def test_rays_builders_put_the_products_ingress_in_front(
+    mode: str, keys: bool, local_ray: None, tmp_path: Path
+) -> None:
     from ray.serve._private.build_app import build_app
     from ray.serve.llm import build_openai_app, build_pd_openai_app
     from ray.serve.schema import ServeDeploySchema
 
-    doc = yaml.safe_load(rayservice_from(synth(**KEYS, serving_mode=mode))["spec"]["serveConfigV2"])
-    ServeDeploySchema.model_validate(doc)
-    args = doc["applications"][0]["args"]
-    keys_file = tmp_path / "keys.json"
-    keys_file.write_text(json.dumps({"a": "k" * 32}))
-    args["ingress_cls_config"]["ingress_extra_kwargs"]["keys_file"] = str(keys_file)
-    builder = build_pd_openai_app if mode == "disaggregated" else build_openai_app
-    built = build_app(builder(args), name="llm")
-    (ingress,) = [d for d in built.deployments if d.name in ("OpenAiIngress", "ApiKeyIngress")]
-    wrapped = ingress._replica_config.deployment_def
     from ray_pods.api_keys import ApiKeyIngress
 
-    assert issubclass(wrapped, ApiKeyIngress)
-    assert ingress._replica_config.init_kwargs["keys_file"] == str(keys_file)
+    doc = yaml.safe_load(rayservice_from(synth(**(KEYS if keys else {}), serving_mode=mode))["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(doc)
+    (app,) = doc["applications"]
+    args = app["args"]
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps({"a": "k" * 32}))
+    if keys:
+        args["ingress_cls_config"]["ingress_extra_kwargs"]["keys_file"] = str(keys_file)
+    builder = build_pd_openai_app if mode == "disaggregated" else build_openai_app
+    built = build_app(builder(args), name="llm")
+    (ingress,) = [d for d in built.deployments if d.name == built.ingress_deployment_name]
+    assert issubclass(ingress._replica_config.deployment_def, ApiKeyIngress)
+    init_kwargs = ingress._replica_config.init_kwargs
+    assert init_kwargs.get("keys_file") == (str(keys_file) if keys else None)
+    assert init_kwargs["request_timeout_s"] == settings_from(PROJECT_CONTEXT).request_timeout_seconds
+    # Serve applies the app's `deployments` by name, and refuses one the builder did not make.
+    assert ingress.name in {d["name"] for d in app["deployments"]}
 
 
 @serve
@@ -256,7 +273,7 @@ def test_the_configmap_alone_is_importable_as_the_pods_import_it(tmp_path: Path)
         print(json.dumps({"file": inspect.getfile(cls), "bases": [b.__name__ for b in cls.__mro__]}))
         """
     )
-    path = endpoint_keys.ingress_cls_config(settings_from({**PROJECT_CONTEXT, **KEYS}))["ingress_cls"]  # type: ignore[index]
+    path = endpoint_keys.ingress_cls_config(settings_from({**PROJECT_CONTEXT, **KEYS}))["ingress_cls"]
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "python")}
     result = subprocess.run(
         [sys.executable, "-c", probe, path], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
@@ -328,24 +345,20 @@ class FakeCall:
         self._handle.cancelled += 1
 
 
-@pytest.fixture
-def ingress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+@contextlib.contextmanager
+def _serving(cls: Any, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Iterator[SimpleNamespace]:
+    """An ingress class as Ray's builder routes it (init, make_fastapi_ingress), its instance made with kwargs."""
     require_serve_deps()
     from fastapi.testclient import TestClient
     from ray import serve as ray_serve
     from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard
     from ray.llm._internal.serve.core.ingress.ingress import init, make_fastapi_ingress
 
-    from ray_pods.api_keys import ApiKeyIngress
-
-    keys_dir = tmp_path / "api-keys"
-    keys_dir.mkdir()
-    keys_file = write_like_the_kubelet(keys_dir, {"team-a": GOOD}, 1)
     app = init()
-    make_fastapi_ingress(ApiKeyIngress, app=app)
+    make_fastapi_ingress(cls, app=app)
     handle = FakeModelHandle()
     card = ModelCard(id=MODEL, object="model", owned_by="test", permission=[], metadata={})
-    instance = ApiKeyIngress({MODEL: handle}, {MODEL: card}, keys_file=str(keys_file), request_timeout_s=600)
+    instance = cls({MODEL: handle}, {MODEL: card}, **kwargs)
     # What Ray's class-based view asks for each request: the replica's own instance.
     monkeypatch.setattr(ray_serve, "get_replica_context", lambda: SimpleNamespace(servable_object=instance))
     records: list[str] = []
@@ -356,11 +369,49 @@ def ingress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleN
 
     keep = Keep()
     logging.getLogger("ray.serve").addHandler(keep)
-    with TestClient(app) as client:
-        yield SimpleNamespace(
-            client=client, handle=handle, keys_dir=keys_dir, records=records, app=app, instance=instance
-        )
-    logging.getLogger("ray.serve").removeHandler(keep)
+    try:
+        with TestClient(app) as client:
+            yield SimpleNamespace(client=client, handle=handle, records=records, app=app, instance=instance)
+    finally:
+        logging.getLogger("ray.serve").removeHandler(keep)
+
+
+@pytest.fixture
+def ingress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """The product's ingress with keys: a keys file of one key, GOOD."""
+    require_serve_deps()
+    from ray_pods.api_keys import ApiKeyIngress
+
+    keys_dir = tmp_path / "api-keys"
+    keys_dir.mkdir()
+    keys_file = write_like_the_kubelet(keys_dir, {"team-a": GOOD}, 1)
+    with _serving(ApiKeyIngress, monkeypatch, keys_file=str(keys_file), request_timeout_s=600) as served:
+        yield SimpleNamespace(**vars(served), keys_dir=keys_dir, auth=_auth(GOOD))
+
+
+def _defaults_ingress() -> tuple[Any, dict[str, Any]]:
+    """The ingress class and kwargs Ray's builder takes from the defaults' serve config (its own
+    IngressClsConfig; with none named, Ray's OpenAiIngress)."""
+    require_serve_deps()
+    from ray.llm._internal.serve.core.ingress.builder import IngressClsConfig
+
+    config = IngressClsConfig.model_validate(_app_args(synth()).get("ingress_cls_config") or {})
+    return config.ingress_cls, dict(config.ingress_extra_kwargs)
+
+
+@pytest.fixture
+def open_ingress(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """The ingress of the defaults' serve config (keys off), as Ray's builder makes it; its callers send no key."""
+    cls, kwargs = _defaults_ingress()
+    with _serving(cls, monkeypatch, **kwargs) as served:
+        yield SimpleNamespace(**vars(served), auth={})
+
+
+@pytest.fixture(params=["keys", "defaults"])
+def any_ingress(request: pytest.FixtureRequest) -> SimpleNamespace:
+    """The product's ingress with keys (its callers send the key) and on the defaults (they send none)."""
+    found: SimpleNamespace = request.getfixturevalue("ingress" if request.param == "keys" else "open_ingress")
+    return found
 
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -422,6 +473,33 @@ def test_every_route_of_rays_ingress_refuses_a_caller_without_a_key(ingress: Sim
         with_key = ingress.client.request(method, path, headers=_auth(GOOD), **WELL_FORMED[name])
         assert with_key.status_code != 401, name
     assert ingress.handle.calls == 7  # every route but the two model listings reached the model
+
+
+def test_on_the_defaults_every_route_admits_every_caller_as_rays_own_ingress_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keys off: no caller is refused (no 401, no 503 for a missing keys file), on every route, and each
+    gets what Ray's own OpenAiIngress gives it; a key sent is ignored, as Ray ignores it."""
+    from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
+
+    callers: list[dict[str, str]] = [{}, _auth(OTHER), {"Authorization": "Basic " + GOOD}]
+
+    def answers(cls: Any, **kwargs: Any) -> tuple[dict[tuple[str, int], tuple[int, bool]], int]:
+        found = {}
+        with _serving(cls, monkeypatch, **kwargs) as served:
+            for name, (path, method) in _routes(served.app).items():
+                for index, headers in enumerate(callers):
+                    response = served.client.request(method, path, headers=headers, **WELL_FORMED[name])
+                    found[(name, index)] = (response.status_code, "www-authenticate" in response.headers)
+            return found, served.handle.calls
+
+    cls, kwargs = _defaults_ingress()
+    products, product_calls = answers(cls, **kwargs)
+    rays, ray_calls = answers(OpenAiIngress)
+    assert set(products) == {(name, index) for name in WELL_FORMED for index in range(len(callers))}
+    assert products == rays
+    assert not [key for key, (status, challenge) in products.items() if status in (401, 503) or challenge]
+    assert product_calls == ray_calls == 7 * len(callers)  # every route but the two model listings, each caller
 
 
 def test_the_key_is_checked_before_the_body_is_read(ingress: SimpleNamespace) -> None:
@@ -591,24 +669,26 @@ class DyingStreamHandle(FakeModelHandle):
         raise ActorUnavailableError("The actor is temporarily unavailable: RpcError: Socket closed", None)
 
 
-def test_a_stream_cut_by_a_dying_replica_ends_with_an_error_event_not_a_silent_end(ingress: SimpleNamespace) -> None:
+def test_a_stream_cut_by_a_dying_replica_ends_with_an_error_event_not_a_silent_end(
+    any_ingress: SimpleNamespace,
+) -> None:
     """Measured in the rehearsal's node-loss phase: without this, the client saw a 200 that ended quietly."""
-    ingress.instance._default_serve_handles[MODEL] = DyingStreamHandle()
-    response = ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=_auth(GOOD))
+    any_ingress.instance._default_serve_handles[MODEL] = DyingStreamHandle()
+    response = any_ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=any_ingress.auth)
     assert response.status_code == 200
     events = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
     contents = [json.loads(e)["choices"][0]["delta"].get("content") for e in events[:-1]]
     assert contents == ["Once", " upon"]
     assert "[DONE]" not in events
     assert json.loads(events[-1])["error"]["code"] == "stream_interrupted"
-    assert any("cut: ActorUnavailableError" in record for record in ingress.records)
+    assert any("cut: ActorUnavailableError" in record for record in any_ingress.records)
 
 
 @pytest.mark.parametrize("token", ["[DONE]", "data: [DONE]", "data: [DONE]\n\n"])
-def test_a_generated_done_token_does_not_hide_a_later_cut(ingress: SimpleNamespace, token: str) -> None:
+def test_a_generated_done_token_does_not_hide_a_later_cut(any_ingress: SimpleNamespace, token: str) -> None:
     """The model may write "[DONE]" itself; only the packet Ray's wrapper ends a stream with is its end."""
-    ingress.instance._default_serve_handles[MODEL] = DyingStreamHandle(("Once", token))
-    response = ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=_auth(GOOD))
+    any_ingress.instance._default_serve_handles[MODEL] = DyingStreamHandle(("Once", token))
+    response = any_ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=any_ingress.auth)
     events = [line[len("data: ") :] for line in response.text.split("\n\n") if line.startswith("data: ")]
     assert "error" in json.loads(events[-1]), f"the cut stream ended silently: {events[-1]}"
     assert json.loads(events[-1])["error"]["code"] == "stream_interrupted"
@@ -640,9 +720,9 @@ def _events(text: str) -> list[str]:
     return [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
 
 
-def test_a_stream_that_ends_normally_gets_no_error_event_and_nothing_is_cancelled(ingress: SimpleNamespace) -> None:
-    ingress.instance._default_serve_handles[MODEL] = handle = StreamingHandle(2)
-    response = ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=_auth(GOOD))
+def test_a_stream_that_ends_normally_gets_no_error_event_and_nothing_is_cancelled(any_ingress: SimpleNamespace) -> None:
+    any_ingress.instance._default_serve_handles[MODEL] = handle = StreamingHandle(2)
+    response = any_ingress.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=any_ingress.auth)
     events = _events(response.text)
     assert events[-1] == "[DONE]" and len(events) == 3, events
     assert handle.cancelled == 0
@@ -654,16 +734,16 @@ OUTLIVE_THE_DRAIN = {"x-request-timeout-seconds": "0", "x-request-disconnect-dis
 
 
 def test_a_stream_ends_at_the_request_timeout_with_an_error_event_and_the_model_call_cancelled(
-    ingress: SimpleNamespace,
+    any_ingress: SimpleNamespace,
 ) -> None:
     import time
 
     # 15 s of chunks: without a deadline of its own the ingress would stream them all.
-    ingress.instance._default_serve_handles[MODEL] = handle = StreamingHandle(300, interval=0.05)
-    ingress.instance._timeout_s = 1.0
+    any_ingress.instance._default_serve_handles[MODEL] = handle = StreamingHandle(300, interval=0.05)
+    any_ingress.instance._timeout_s = 1.0
     started = time.monotonic()
-    response = ingress.client.post(
-        "/v1/chat/completions", json={**CHAT, "stream": True}, headers={**_auth(GOOD), **OUTLIVE_THE_DRAIN}
+    response = any_ingress.client.post(
+        "/v1/chat/completions", json={**CHAT, "stream": True}, headers={**any_ingress.auth, **OUTLIVE_THE_DRAIN}
     )
     took = time.monotonic() - started
     assert response.status_code == 200 and 1.0 <= took < 10, took
@@ -675,13 +755,13 @@ def test_a_stream_ends_at_the_request_timeout_with_an_error_event_and_the_model_
 
 
 def test_no_first_token_within_the_request_timeout_is_an_openai_408_and_the_call_is_cancelled(
-    ingress: SimpleNamespace,
+    any_ingress: SimpleNamespace,
 ) -> None:
-    ingress.instance._default_serve_handles[MODEL] = handle = StreamingHandle(1, first_after=30)
-    ingress.instance._timeout_s = 0.5
+    any_ingress.instance._default_serve_handles[MODEL] = handle = StreamingHandle(1, first_after=30)
+    any_ingress.instance._timeout_s = 0.5
     for stream in (True, False):
-        response = ingress.client.post(
-            "/v1/chat/completions", json={**CHAT, "stream": stream}, headers={**_auth(GOOD), **OUTLIVE_THE_DRAIN}
+        response = any_ingress.client.post(
+            "/v1/chat/completions", json={**CHAT, "stream": stream}, headers={**any_ingress.auth, **OUTLIVE_THE_DRAIN}
         )
         assert response.status_code == 408, response.text
         assert response.json()["error"]["code"] == "request_timeout"

@@ -41,7 +41,10 @@ def _args(rayservice: dict[str, Any]) -> dict[str, Any]:
 def test_application_runs_build_pd_openai_app(rayservice: dict[str, Any]) -> None:
     (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
     assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
-    assert set(app["args"]) == {"prefill_config", "decode_config", "ingress_deployment_config"}
+    assert set(app["args"]) == {"prefill_config", "decode_config", "ingress_cls_config", "ingress_deployment_config"}
+    # The product's ingress on the defaults too, keys off: its deadline and cut-stream guard hold there.
+    assert app["args"]["ingress_cls_config"]["ingress_cls"] == "ray_pods.api_keys:ApiKeyIngress"
+    assert "keys_file" not in app["args"]["ingress_cls_config"]["ingress_extra_kwargs"]
 
 
 @pytest.mark.parametrize("side", ["prefill", "decode"])
@@ -268,6 +271,10 @@ def test_build_pd_openai_app_builds_prefill_and_decode(rayservice: dict[str, Any
         assert bundles
         assert all(bundle.get(side) == 1 and bundle.get("GPU") == 1 for bundle in bundles), bundles
     assert len(deployments) == 3  # ingress, decode, prefill
+    from ray_pods.api_keys import ApiKeyIngress
+
+    (ingress,) = [d for n, d in deployments.items() if not n.startswith(("Prefill:", "Decode:"))]
+    assert issubclass(ingress._replica_config.deployment_def, ApiKeyIngress)
 
 
 @serve
