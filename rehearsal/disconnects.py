@@ -6,6 +6,10 @@ connection while the engine is still generating. Both engines' KV-cache use (and
 running and waiting requests) must return to idle within IDLE_WITHIN_S: vLLM 0.26
 leases prefill's blocks for 30 s after its one-token answer (nixl/base_scheduler.py),
 and Ray exports gauges every 10 s. Then NIXL has failed nothing and a new request works.
+
+Half the clients send the two headers with which Serve's proxy would let a stream outlive the
+drain: no timeout, and no cancel on a hang-up. The product's ingress stops their generation all the
+same (ray_pods/stream_guard.py), so the one idle check holds for them too, in the same time.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ STILL_S = 12.0
 # Each client reads this long after its first chunk before hanging up (generation takes longer).
 HOLD_S = 12.0
 GAUGES = ("ray_vllm_kv_cache_usage_perc", "ray_vllm_num_requests_running", "ray_vllm_num_requests_waiting")
+# What Serve's proxy reads before any ingress sees the request (Ray 2.58 serve/_private/constants.py,
+# SERVE_HTTP_REQUEST_TIMEOUT_S_HEADER and SERVE_HTTP_REQUEST_DISCONNECT_DISABLED_HEADER; http_util.py):
+# 0 turns its timeout off, ?1 stops it cancelling the call when the client hangs up.
+OUTLIVE_THE_DRAIN = {"x-request-timeout-seconds": "0", "x-request-disconnect-disabled": "?1"}
+# The clients that send them (client_headers): every other one.
+WITH_HEADERS = STREAMS // 2
 
 
 def busy(text: str) -> dict[str, float]:
@@ -95,7 +105,15 @@ def disconnects_check(ctx: Context) -> list[Any]:
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    clients = [threading.Thread(target=_hang_up, args=(ctx.serve, body, headers, seen)) for _ in range(STREAMS)]
+    # The clients with the headers keep their own record, so the check can tell them apart.
+    seen_with_headers: list[str] = []
+    clients = [
+        threading.Thread(
+            target=_hang_up,
+            args=(ctx.serve, body, sent, seen_with_headers if OUTLIVE_THE_DRAIN.items() <= sent.items() else seen),
+        )
+        for sent in client_headers(headers)
+    ]
     for client in clients:
         client.start()
     for client in clients:
@@ -118,8 +136,11 @@ def disconnects_check(ctx: Context) -> list[Any]:
     sampler.join()
     settled_idle = idle_since is not None and time.monotonic() - idle_since > STILL_S
     back = (idle_since or time.monotonic()) - left
+    cut_with_headers = seen_with_headers.count("200:chunk")
+    seen += seen_with_headers
     ctx.metrics.update(
         disconnect_streams_cut=float(seen.count("200:chunk")),
+        disconnect_streams_cut_with_headers=float(cut_with_headers),
         disconnect_back_to_idle_s=round(back, 1),
         disconnect_decode_peak_kv_usage=peak["ray_vllm_kv_cache_usage_perc"],
         disconnect_decode_peak_running=peak["ray_vllm_num_requests_running"],
@@ -130,8 +151,9 @@ def disconnects_check(ctx: Context) -> list[Any]:
     return [
         Check(
             "disconnects: every client got its stream started, then hung up",
-            cut == STREAMS,
-            f"{cut} of {STREAMS} streamed a first chunk before hanging up ({sorted(set(seen))})",
+            cut == STREAMS and cut_with_headers == WITH_HEADERS,
+            f"{cut} of {STREAMS} streamed a first chunk before hanging up ({sorted(set(seen))}), "
+            f"{cut_with_headers} of the {WITH_HEADERS} that sent {_named(OUTLIVE_THE_DRAIN)}",
         ),
         Check(
             "disconnects: decode's gauges saw the streams",
@@ -142,11 +164,22 @@ def disconnects_check(ctx: Context) -> list[Any]:
             f"disconnects: both engines back to idle within {IDLE_WITHIN_S:.0f} s",
             settled_idle and back <= IDLE_WITHIN_S,
             f"idle {back:.1f} s after the last client left ({ENGINES_IDLE.used(back)}), held {STILL_S:.0f} s "
-            f"(Ray exports every 10 s); {readings}",
+            f"(Ray exports every 10 s), {WITH_HEADERS} of the {STREAMS} streams with {_named(OUTLIVE_THE_DRAIN)}; "
+            f"{readings}",
         ),
         Check("disconnects: no NIXL failure", failed_after == failed_before, f"{failed_before} -> {failed_after}"),
         Check("disconnects: a new request still succeeds", status == 200, f"HTTP {status}"),
     ]
+
+
+def client_headers(headers: dict[str, str]) -> list[dict[str, str]]:
+    """Each client's request headers: every other one adds OUTLIVE_THE_DRAIN, so both kinds start, hold
+    and hang up together (WITH_HEADERS of them)."""
+    return [{**headers, **OUTLIVE_THE_DRAIN} if index % 2 else dict(headers) for index in range(STREAMS)]
+
+
+def _named(headers: dict[str, str]) -> str:
+    return " and ".join(f"{name}: {value}" for name, value in headers.items())
 
 
 def _good_request(ctx: Context, headers: dict[str, str], chat: dict[str, Any]) -> int:
