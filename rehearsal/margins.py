@@ -42,8 +42,8 @@ class Limit:
 # A case's cap: past it the case fails (rehearsal/__main__.py).
 CASE_CAPS = {
     "pd": Limit("the pd case, start to end", 1235.0, BUSY_CI, 1860.0),
-    "aggregated": Limit("the aggregated case", 165.0, QUIET, 330.0),
-    "scaling": Limit("the scaling case", 764.0, QUIET, 1290.0),
+    "aggregated": Limit("the aggregated case", 165.0, QUIET, 500.0),
+    "scaling": Limit("the scaling case", 764.0, QUIET, 1150.0),
     "ucx": Limit("the ucx failure case", 98.0, QUIET, 250.0),
     "wrong-side-channel": Limit("the wrong-side-channel failure case", 125.0, QUIET, 250.0),
     "no-plugin": Limit("the no-plugin failure case", 120.0, QUIET, 250.0),
@@ -59,10 +59,14 @@ ENGINES_IDLE = Limit("both engines idle after 20 clients hung up", 10.5, QUIET, 
 
 TIMED_CHECKS = (SCALE_UP, SCALE_DOWN, ENGINE_RECOVERY, NODE_RECOVERY, ENGINES_IDLE)
 
-# What CI runs besides the rehearsal, for the budget: (the slowest seen, where).
+# What CI runs besides the rehearsal, for the budget: (the slowest seen, where). Not limits: counted
+# as seen, the caps at their limits. Stress runs (load average 15-27, several other test suites at
+# once, 2026-12-02) went past these figures and past the aggregated case's earlier 330 s cap twice;
+# the pd case passed them in 1361-1822 s.
+BUSY = "2026-12-02, 2 cores, the full pytest while three other suites ran"
 BEFORE_REHEARSAL_S = {
     "apt packages, the venvs, the CDK CLI and the schemas from a fresh clone": (240.0, BUSY_CI),
-    "lint, types and pytest (2 workers)": (230.0, QUIET),
+    "lint, types and pytest (2 workers)": (620.0, BUSY),
 }
 # CI's time for one run of .ci/run.
 CI_BUDGET_S = 90 * 60
