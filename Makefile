@@ -13,7 +13,7 @@ CDK := $(abspath node_modules/.bin/cdk)
 SETTINGS ?=
 SETTINGS_ARGS = $(if $(SETTINGS),-c settings_file=$(SETTINGS)) $(CDK_ARGS)
 
-.PHONY: setup setup-serve synth deploy diff destroy test test-fast rehearse lint fetch-schemas schemas review handoff preflight plan change-impact verify bench benchmark clean
+.PHONY: setup setup-serve synth deploy diff destroy bench-notice test test-fast rehearse lint fetch-schemas schemas review handoff preflight plan change-impact verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rehearsal.margins import CASE_CAPS, Limit
+from settings.project import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 # bench compare on the two cases' results: it reads files and draws one figure (seconds, not minutes).
 COMPARE_CAP_S = 120
 

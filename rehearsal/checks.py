@@ -12,8 +12,8 @@ from rehearsal.cluster import ray_logs
 from rehearsal.context import Context
 from rehearsal.deploy import kuberay_headers
 from rehearsal.network import DASHBOARD, DECODE_METRICS, PREFILL_METRICS, SERVE, http, metrics_text, status_of
+from settings.project import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 # libfabric's provider here: no EFA device, so verify expects tcp instead of efa.
 EXPECTED_PROVIDER = "tcp"
 BENCH_POINTS = ((128, 1), (512, 2))

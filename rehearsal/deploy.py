@@ -18,8 +18,7 @@ import yaml
 from rehearsal.cluster import ray_logs
 from rehearsal.network import DASHBOARD, SERVE, RehearsalError, http
 from serve_config import SIDES
-
-ROOT = Path(__file__).resolve().parent.parent
+from settings.project import ROOT, STACK_NAME
 
 # The only changes made to the product's serve config, and why (a test pins this set).
 CPU_DELTAS: dict[str, str] = {
@@ -80,7 +79,7 @@ def rayservice_of(manifests: list[dict[str, Any]]) -> dict[str, Any]:
 def product_manifests(overrides: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Every Kubernetes object in the synthesized template, on default settings (or with these overrides)."""
     os.environ.setdefault("CDK_VALIDATION", "false")
-    from app import STACK_NAME, build_app
+    from app import build_app
     from settings import project_context
     from tools.review import render
 

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from settings.project import ROOT
+
 # Qwen3's architecture at toy size. max_position_embeddings covers the product's
 # max_model_len (8192), which the rehearsal keeps.
 CONFIG: dict[str, Any] = {

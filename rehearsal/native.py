@@ -22,7 +22,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from settings.project import ROOT
+
 CACHE = ROOT / ".rehearsal-cache"
 SHARED_SOURCES = ROOT.parent / "shared" / "sources"
 LIBFABRIC_VERSION = "2.1.0"

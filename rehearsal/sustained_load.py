@@ -22,9 +22,9 @@ import time
 from typing import Any
 
 from rehearsal import streams
-from rehearsal.checks import ROOT
 from rehearsal.context import Context
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, SERVE, metrics_text
+from settings.project import ROOT
 
 LOAD_S = 180.0
 CONCURRENCY = 8  # the CPU delta's max_num_seqs (rehearsal/deploy.py)

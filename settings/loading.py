@@ -23,9 +23,9 @@ from typing import Any
 import yaml
 
 from settings.model import SETTING_NAMES, Settings, SettingsError, validate
+from settings.project import ROOT as PROJECT_ROOT
 
 SETTINGS_FILE_KEY = "settings_file"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The CDK's own file of lookup answers; each deployment keeps its own.
 CONTEXT_FILE = "cdk.context.json"
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from settings import project_context
+from settings.project import STACK_NAME
 from tools.fetch_schemas import find
 from tools.review import render
 
@@ -42,7 +43,7 @@ def synth(**overrides: Any) -> dict[str, Any]:
     """The synthesized CloudFormation template of the one stack, as `cdk synth` makes it."""
     key = json.dumps(overrides, sort_keys=True)
     if key not in _CACHE:
-        from app import STACK_NAME, build_app
+        from app import build_app
 
         app, _, _ = build_app({**PROJECT_CONTEXT, **overrides})
         assembly = app.synth()

@@ -46,7 +46,8 @@ def _pod_webhook(template: dict[str, Any]) -> dict[str, Any]:
     rendered = rendered_releases(template, Settings().kubernetes_version)["aws-load-balancer-controller"]
     (config,) = [o for o in rendered if o["kind"] == "MutatingWebhookConfiguration"]
     (webhook,) = [w for w in config["webhooks"] if w["name"] == POD_WEBHOOK]
-    return webhook
+    found: dict[str, Any] = webhook
+    return found
 
 
 def _serving_namespace(template: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from settings import Settings, SettingsError, catalog, settings_from, sizing
+from settings.project import STACK_NAME
 from tests.conftest import PROJECT_CONTEXT, pod_identity_policy, rayservice_from, require_serve_deps, synth
 from tools.review import render
 
@@ -51,7 +52,7 @@ def _gpu_root_volume_gib(template: dict[str, Any]) -> int:
 
 def _synth_uncached(**overrides: Any) -> dict[str, Any]:
     # Not conftest.synth: its cache would hand a monkeypatched catalog's template to later tests.
-    from app import STACK_NAME, build_app
+    from app import build_app
 
     app, _, _ = build_app({**PROJECT_CONTEXT, **overrides})
     template: dict[str, Any] = app.synth().get_stack_by_name(STACK_NAME).template

@@ -18,9 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from settings.project import ROOT
+
 # One resource: with cdk.json's flags CDK's template validation refuses an empty Resources section.
 EMPTY_APP = (
     "import aws_cdk as cdk\napp = cdk.App()\nstack = cdk.Stack(app, 'Empty')\n"

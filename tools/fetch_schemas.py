@@ -29,8 +29,8 @@ from urllib.parse import urljoin, urlparse
 import yaml
 
 from settings.catalog import ALL_CHARTS, KUBERAY_OPERATOR, HelmChartPin
+from settings.project import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 OUT = ROOT / ".schemas"
 KUBERAY_CRD = f"kuberay-v{KUBERAY_OPERATOR.version}/ray.io_rayservices.yaml"

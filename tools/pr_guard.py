@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from settings import settings_from_cli
+from settings.project import ROOT
 from tools import change_impact
 
-ROOT = Path(__file__).resolve().parent.parent
 OPT_IN_LABEL = "allow-destructive-change"
 
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from settings.project import ROOT, STACK_NAME
 
 REVIEW = ROOT / "review"
 KUBERNETES = REVIEW / "kubernetes.yaml"
@@ -97,7 +96,7 @@ def stateful_review(template: dict[str, Any]) -> str:
 
 
 def default_template() -> dict[str, Any]:
-    from app import STACK_NAME, build_app
+    from app import build_app
     from settings import project_context
 
     context = project_context(ROOT)

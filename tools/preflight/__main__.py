@@ -11,7 +11,7 @@ from pathlib import Path
 from botocore.exceptions import BotoCoreError, ClientError
 
 from settings import CONTEXT_FILE, SettingsError, context_with, settings_from
-from settings.loading import PROJECT_ROOT
+from settings.project import ROOT as PROJECT_ROOT
 from tools.preflight.base import CannotCheckError, Result, Session, first_line
 from tools.preflight.checks import run
 from tools.preflight.context_file import REPLACE_FLAG, RefusedError, write_context
