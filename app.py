@@ -12,10 +12,9 @@ from serve_config import ServeConfigError
 from settings import Settings, SettingsError, settings_from
 from settings.estimates import cost_summary, plan_table
 from settings.model import s3_model_location
+from settings.project import STACK_NAME
 from stacks.nag_acknowledgements import acknowledge_findings, acknowledge_imported_vpc, acknowledge_model_prefix
 from stacks.pd_inference_stack import PdInferenceStack
-
-STACK_NAME = "PdInference"
 
 
 def build_app(context: dict[str, object] | None = None) -> tuple[cdk.App, PdInferenceStack, Settings]:

@@ -96,6 +96,8 @@ class LlmService(Construct):
         rayservice: the RayService manifest (serve_config.rayservice()), labelled
             with serve_config.CLUSTER_CONFIG_LABEL, its pod templates too.
         system_node_labels: where the recreate Job runs.
+        namespace_labels: labels on the namespace (the load balancer controller's readiness-gate
+            label where an NLB fronts the ingress). Default none.
 
     Attributes:
         namespace_manifest, rayservice_manifest: the two manifests.
@@ -111,13 +113,17 @@ class LlmService(Construct):
         namespace: str,
         rayservice: Mapping[str, Any],
         system_node_labels: Mapping[str, str],
+        namespace_labels: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        metadata: dict[str, Any] = {"name": namespace}
+        if namespace_labels:
+            metadata["labels"] = dict(namespace_labels)
         self.namespace_manifest = eks.KubernetesManifest(
             self,
             "Namespace",
             cluster=as_icluster(cluster),
-            manifest=[{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}],
+            manifest=[{"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}],
         )
         self.rayservice_manifest = eks.KubernetesManifest(
             self,

@@ -26,6 +26,11 @@ POLICY_FILE = (
 TLS_PORT = 443
 # TLS 1.3 and 1.2 with forward-secret ciphers only: ELB's recommended policy for NLB TLS listeners.
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+# On the serving namespace, this label makes the controller's pod webhook give every pod behind
+# the NLB a readiness gate: a new ingress pod counts as ready only once its target is healthy in
+# the target group, so a replaced pod never leaves the NLB with only initial or draining targets
+# (the chart's mpod.elbv2.k8s.aws webhook selects namespaces by it; ip targets only).
+READINESS_GATE_LABELS = {"elbv2.k8s.aws/pod-readiness-gate-inject": "enabled"}
 
 
 def ingress_service(*, name: str, namespace: str, selector: Mapping[str, str], port: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from cdk_constructs.model_weights import ModelReadAccess
 from cdk_constructs.network import Network
 from cdk_constructs.network_policies import ServingNetworkPolicies, serving_network_policies
 from cdk_constructs.observability import Observability
-from cdk_constructs.private_endpoint import IngressService, PrivateEndpoint
+from cdk_constructs.private_endpoint import READINESS_GATE_LABELS, IngressService, PrivateEndpoint
 from cdk_constructs.ray_pods_code import RayPodsCode
 from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
 from cdk_constructs.system_nodes import SystemNodes
@@ -108,6 +108,7 @@ class PdInferenceStack(Stack):
                 gpu_toleration=gpu_toleration(),
             ),
             system_node_labels=system_nodes.labels,
+            namespace_labels=READINESS_GATE_LABELS if settings.internal_endpoint_cidrs else None,
         )
         # The control plane's ENIs, and an internal NLB, live in the private subnets.
         private_cidrs = [subnet.ipv4_cidr_block for subnet in network.vpc.private_subnets]

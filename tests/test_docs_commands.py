@@ -120,31 +120,23 @@ def plan(result: Run) -> None:
     assert printed.startswith(block_after(ROOT / "docs/architecture.md", "plan")), printed
 
 
-CLI_SETTINGS = pytest.mark.xfail(strict=True, reason="`make ... SETTINGS=<file>` comes with the cli-settings branch")
-
-# (page, block, what its run must show, waiting for the cli-settings branch). Cheap ones first.
-OFFLINE: list[tuple[str, str, Callable[[Run], None], bool]] = [
-    ("docs/architecture.md", "plan", plan, False),
-    ("docs/getting-started.md", "preflight-no-credentials", preflight_no_credentials, False),
-    ("docs/getting-started.md", "settings-bad-value", settings_bad_value, False),
-    ("docs/getting-started.md", "settings-override", settings_override, False),
-    ("README.md", "settings-file", settings_file, True),
+# (page, block, what its run must show). Cheap ones first.
+OFFLINE: list[tuple[str, str, Callable[[Run], None]]] = [
+    ("docs/architecture.md", "plan", plan),
+    ("docs/getting-started.md", "preflight-no-credentials", preflight_no_credentials),
+    ("docs/getting-started.md", "settings-bad-value", settings_bad_value),
+    ("docs/getting-started.md", "settings-override", settings_override),
+    ("README.md", "settings-file", settings_file),
 ]
 
 
-@pytest.mark.parametrize(
-    ("page", "name", "check"),
-    [
-        pytest.param(page, name, check, id=name, marks=[CLI_SETTINGS] if pending else [])
-        for page, name, check, pending in OFFLINE
-    ],
-)
+@pytest.mark.parametrize(("page", "name", "check"), OFFLINE, ids=[name for _, name, _ in OFFLINE])
 def test_offline_block_runs_as_written(page: str, name: str, check: Callable[[Run], None]) -> None:
     check(run(page, name))
 
 
 def test_every_marked_block_is_in_the_list() -> None:
-    listed = {(page, name) for page, name, _, _ in OFFLINE}
+    listed = {(page, name) for page, name, _ in OFFLINE}
     pages = [ROOT / "README.md", ROOT / "DEVELOPMENT.md", *sorted((ROOT / "docs").glob("*.md"))]
     marked = {(str(p.relative_to(ROOT)), name) for p in pages for name in blocks(p)}
     assert marked == listed
@@ -153,6 +145,6 @@ def test_every_marked_block_is_in_the_list() -> None:
 
 
 def test_no_block_deploys_or_runs_the_suite() -> None:
-    for page, name, _, _ in OFFLINE:
+    for page, name, _ in OFFLINE:
         text = blocks(ROOT / page)[name]
         assert not re.search(r"\b(deploy|destroy|bootstrap|diff|make test|make rehearse)\b", text), (page, name)

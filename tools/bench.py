@@ -53,7 +53,8 @@ from typing import Any
 
 from serve_config import DECODE, SERVE_PORT, ingress_service_name
 from serve_config.deployments import NAME_PREFIXES
-from settings import Settings, settings_from_cli
+from settings import Settings
+from settings.cli import cli_settings
 from tools.cluster_access import (
     ClusterUnreachableError,
     EndpointKeyError,
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts-per-run", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args(raw)
-    settings = settings_from_cli(args.context)
+    settings = cli_settings(args.context)
     too_long = [n for n in args.input_lens if n + args.output_len > settings.max_model_len]
     if too_long:
         print(

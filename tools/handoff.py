@@ -14,8 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-STACK = "PdInference"
+from settings.project import ROOT
+from settings.project import STACK_NAME as STACK
 
 
 def main(argv: list[str], source: Path = ROOT / "cdk.out") -> int:

@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, ingress_service_name, worker_resources
-from settings import Settings, settings_from_cli
+from settings import Settings
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER, IMAGE_NIXL_VERSION, IMAGE_RAY_VERSION, IMAGE_VLLM_VERSION
+from settings.cli import cli_settings
 from tools import image_probe, verify_observability
 from tools.cluster_access import (
     FAILED_TRANSFERS,
@@ -514,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         "--provider", default=DEFAULT_PROVIDER, help="the libfabric provider NIXL must use (default: efa)"
     )
     args = parser.parse_args(argv)
-    settings = settings_from_cli(args.context)
+    settings = cli_settings(args.context)
     try:
         checks = run_checks(settings, args.provider)
         # The pipeline, after verify's own request: every dashboard panel has data (tools/verify_observability.py).

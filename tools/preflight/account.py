@@ -9,7 +9,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from settings import catalog
-from tools.preflight.base import STACK_NAME, Account, CannotCheckError, Result, error_code, first_line
+from settings.project import STACK_NAME
+from tools.preflight.base import Account, CannotCheckError, Result, error_code, first_line
 
 # The CLI's own bootstrap template: `cdk bootstrap` with the pinned CLI installs this version.
 CLI_BOOTSTRAP_TEMPLATE = (

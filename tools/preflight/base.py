@@ -15,7 +15,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from settings import Settings, catalog
 
 Status = Literal["PASS", "WARN", "FAIL"]
-STACK_NAME = "PdInference"
 _DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "UnauthorizedAccess"}
 
 

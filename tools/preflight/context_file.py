@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from settings.project import STACK_NAME
 from tools.preflight.account import describe_stack, is_deployed, stack_outputs
-from tools.preflight.base import STACK_NAME, Account
+from tools.preflight.base import Account
 from tools.preflight.zones import RECORD_KEY
 
 REPLACE_FLAG = "--replace-deployed-cluster"
