@@ -13,7 +13,7 @@ CDK := $(abspath node_modules/.bin/cdk)
 SETTINGS ?=
 SETTINGS_ARGS = $(if $(SETTINGS),-c settings_file=$(SETTINGS)) $(CDK_ARGS)
 
-.PHONY: setup setup-serve synth deploy diff destroy bench-notice test test-fast rehearse lint fetch-schemas schemas review handoff preflight plan change-impact verify bench benchmark clean
+.PHONY: setup setup-serve synth deploy diff destroy bench-notice test test-fast rehearse lint fetch-schemas schemas review settings-reference handoff preflight plan change-impact verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,10 @@ test-fast: setup lint schemas $(CHECKOV_VENV)/.installed
 ## Decode Helm values and manifests into review/ (commit the result; a test checks it is fresh).
 review: setup
 	$(BIN)/python -m tools.review
+
+## docs/settings.md from the settings' own types, defaults and descriptions (a test checks it is fresh).
+settings-reference: setup
+	$(BIN)/python -m settings.reference
 
 ## The synthesized template, asset manifest and assets in handoff/, for a platform team.
 handoff: synth
