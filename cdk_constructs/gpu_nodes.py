@@ -11,7 +11,13 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from cdk_constructs.node_common import LT, node_launch_template_data, node_role, nodeadm_user_data
-from settings.catalog import DEFAULT_GPU_INSTANCE_TYPE, INSTANCE_TYPES
+from settings.catalog import (
+    DEFAULT_GPU_INSTANCE_TYPE,
+    DEFAULT_KUBERNETES_VERSION,
+    FAST_IMAGE_PULL_GATE,
+    GPU_AMI_RELEASE_VERSIONS,
+    INSTANCE_TYPES,
+)
 
 GPU_NODE_LABELS: Mapping[str, str] = {"role": "gpu-worker"}
 # The NVIDIA device plugin chart (0.20.0) requires this label (or an NFD one) in its
@@ -92,8 +98,11 @@ class EfaGpuNodes(Construct):
             guide, capacity-blocks-mng); default False.
         pods_reach_imds: IMDS hop limit 2 instead of 1; default False.
         local_nvme_raid0: assemble the instance store as RAID0 through nodeadm's
-            localStorage (it holds kubelet's and containerd's state and the model
-            cache); default False (types without instance store).
+            localStorage (it holds kubelet's and containerd's state, the SOCI snapshotter's
+            and the model cache); default False (types without instance store).
+        ami_release_version: the EKS optimized AMI release the group runs (its releaseVersion);
+            default the catalog's for the default Kubernetes version (GPU_AMI_RELEASE_VERSIONS).
+            Every node's NodeConfig turns on nodeadm's FAST_IMAGE_PULL_GATE.
 
     Attributes:
         nodegroup, efa_security_group, placement_group (or None), launch_template,
@@ -117,6 +126,7 @@ class EfaGpuNodes(Construct):
         capacity_block: bool = False,
         pods_reach_imds: bool = False,
         local_nvme_raid0: bool = False,
+        ami_release_version: str = GPU_AMI_RELEASE_VERSIONS[DEFAULT_KUBERNETES_VERSION],
     ) -> None:
         super().__init__(scope, construct_id)
         self.labels: Mapping[str, str] = dict(GPU_NODE_LABELS)
@@ -166,8 +176,13 @@ class EfaGpuNodes(Construct):
             )
             for card, device, kind in network_interface_layout(instance_type)
         ]
+        # SOCI's parallel pull and unpack for the serving image. Its state follows the RAID0 array
+        # (setup-local-disks bind-mounts /var/lib/soci-snapshotter-grpc there unless disabledMounts
+        # names SOCI), so the unpacked layers sit on the NVMe, not on the small root volume.
+        node_config: dict[str, Any] = {"featureGates": {FAST_IMAGE_PULL_GATE: True}}
         if local_nvme_raid0:
-            extra["user_data"] = Fn.base64(nodeadm_user_data({"instance": {"localStorage": {"strategy": "RAID0"}}}))
+            node_config["instance"] = {"localStorage": {"strategy": "RAID0"}}
+        extra["user_data"] = Fn.base64(nodeadm_user_data(node_config))
         data = node_launch_template_data(volume_gib=volume_gib, pods_reach_imds=pods_reach_imds, **extra)
         self.launch_template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data=data)
 
@@ -177,6 +192,10 @@ class EfaGpuNodes(Construct):
             "GpuNodes",
             # aws-cdk would pick an AL2 GPU AMI for g6; AL2 has no 1.33+ AMIs.
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
+            # Pinned: otherwise each node launched takes the newest release, and one group could mix
+            # NVIDIA drivers and nodeadm versions. The launch template names no image, so EKS picks
+            # the AMI of this release and AMI type.
+            release_version=ami_release_version,
             instance_types=[ec2.InstanceType(instance_type)] if cdk_knows_gpu else None,
             # DesiredSize is the minimum, with a range too. CreateNodegroup, which runs on the first
             # deploy and whenever a create-only property changes (instance type, capacity type,

@@ -100,8 +100,9 @@ def _run(case: str, nodes: Nodes, work: Path, logs_out: Path | None, results: Pa
     config = cpu_serve_config(rayservice, model_dir)
     env = {**os.environ, **product_worker_env(rayservice), **kuberay_auth_env(rayservice), **CPU_ENV}
     env["LD_LIBRARY_PATH"] = ":".join([*libs.library_dirs, env.get("LD_LIBRARY_PATH", "")])
-    # The product's HF_HOME is the GPU node's NVMe hostPath, which does not exist here.
+    # The product's HF_HOME and VLLM_CACHE_ROOT are on the GPU node's NVMe hostPath, which does not exist here.
     env["HF_HOME"] = str(work / "huggingface")
+    env["VLLM_CACHE_ROOT"] = str(work / "vllm")
     setup = Setup(case, config, env, libs, work)
     endpoint_keys = keys.prepare(setup, manifests)
     apply_case(setup)

@@ -336,6 +336,10 @@ def rayservice(
             )
             container["volumeMounts"].append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT})
             container["env"].append({"name": "HF_HOME", "value": f"{MODEL_CACHE_MOUNT}/huggingface"})
+            # vLLM's torch.compile cache (VLLM_CACHE_ROOT/torch_compile_cache/<hash>) on the NVMe too: a
+            # restarted pod with the same model, engine settings, vLLM and torch reuses the compiled graphs
+            # instead of compiling again. The default, ~/.cache/vllm, dies with the container.
+            container["env"].append({"name": "VLLM_CACHE_ROOT", "value": f"{MODEL_CACHE_MOUNT}/vllm"})
             # kubelet creates the hostPath owned by root, 0755: whichever user the image
             # runs as, the cache must be writable before the Ray container starts.
             pod["initContainers"] = [

@@ -288,6 +288,33 @@ INSTANCE_TYPES: Mapping[str, InstanceSpec] = MappingProxyType(
 # the array here and moves kubelet's and containerd's state onto it.
 LOCAL_NVME_MOUNT = "/mnt/k8s-disks/0"
 
+# --- GPU node AMI ------------------------------------------------------------
+# The EKS optimized AL2023 NVIDIA AMI the GPU node group is pinned to, per Kubernetes
+# version: the node group's releaseVersion, "<kubernetes version>.<patch>-<YYYYMMDD>".
+# Release v20260714 of awslabs/amazon-eks-ami (its CHANGELOG.md, "AMI Release
+# v20260714", Release version column of amazon-eks-node-al2023-x86_64-nvidia-<k8s>);
+# its NVIDIA driver for 1.36 is 580.159.03 (IMAGE_MIN_NVIDIA_DRIVER). Unpinned, every
+# new node would take whichever release is newest when it launches, so the GPU
+# nodes of one group could run different drivers and nodeadm versions.
+GPU_AMI_RELEASE_VERSIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "1.32": "1.32.13-20260714",
+        "1.33": "1.33.13-20260714",
+        "1.34": "1.34.9-20260714",
+        "1.35": "1.35.6-20260714",
+        "1.36": "1.36.2-20260714",
+    }
+)
+# nodeadm's feature gate that points containerd at the SOCI snapshotter with parallel pull
+# and unpack (the ~20 GB serving image); the AMI installs soci-snapshotter on every AL2023
+# variant. nodeadm uses it only on nodes with at least 7 GiB of memory and 4 vCPUs
+# (nodeadm/internal/containerd/config.go), which every GPU type here has (a test checks).
+# The gates nodeadm knows, from the same release (tag v20260714, nodeadm/api/v1alpha1/
+# nodeconfig_types.go, the featureGates validation enum); the NodeConfig's featureGates
+# is a free map of booleans, so a misspelled gate would pass unseen.
+FAST_IMAGE_PULL_GATE = "FastImagePull"
+NODEADM_FEATURE_GATES: frozenset[str] = frozenset({"InstanceIdNodeName", FAST_IMAGE_PULL_GATE})
+
 
 # --- Models ------------------------------------------------------------------
 @dataclass(frozen=True)

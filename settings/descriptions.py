@@ -104,6 +104,11 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         'a type with GPUs and EFA (`settings/catalog.py` `INSTANCE_TYPES`; see "Bigger instances"); with several GPUs per node, set the tensor-parallel sizes and replicas so that every GPU serves',
         f"one of {_listed(k for k, v in catalog.INSTANCE_TYPES.items() if v.gpus and v.efa_interfaces)}",
     ),
+    "gpu_ami_release_version": SettingDoc(
+        'the GPU node group\'s EKS optimized AL2023 NVIDIA AMI release (see docs/operations.md, "Moving the AMI release"); the system nodes take the newest',
+        "`<kubernetes_version>.<patch>-<YYYYMMDD>`",
+        "the catalog's release for `kubernetes_version` (`1.36.2-20260714` on 1.36)",
+    ),
     "gpu_availability_zone": SettingDoc(
         "the one AZ of the GPU nodes; it must offer the instance type. `make preflight PREFLIGHT_ARGS=--write-context` picks one that does and records it in `cdk.context.json`",
         "an AZ of the region",

@@ -85,6 +85,9 @@ class Settings:
     capacity_block_end_warning_hours: int = 24
     # Pods may reach the instance metadata service (hop limit 2) only if asked.
     pod_imds_access: bool = False
+    # The GPU node group's EKS optimized AMI release ("1.36.2-20260714"); None: the one
+    # settings/catalog.py pins for kubernetes_version (GPU_AMI_RELEASE_VERSIONS).
+    gpu_ami_release_version: str | None = None
 
     # Serving
     model_id: str = catalog.DEFAULT_MODEL_ID
@@ -217,6 +220,11 @@ class Settings:
     @property
     def gpu_instance(self) -> catalog.InstanceSpec:
         return catalog.INSTANCE_TYPES[self.gpu_instance_type]
+
+    @property
+    def gpu_ami_release(self) -> str:
+        """The GPU node group's releaseVersion: the setting, or the catalog's for kubernetes_version."""
+        return self.gpu_ami_release_version or catalog.GPU_AMI_RELEASE_VERSIONS[self.kubernetes_version]
 
     @property
     def model(self) -> catalog.ModelSpec:
@@ -454,6 +462,7 @@ def validate(s: Settings) -> Settings:
     _validate_scaling_bounds(s)
     _validate_tensor_parallel(s)
     _validate_capacity_block(s)
+    _validate_gpu_ami_release(s)
     # vLLM starts only if, after the weights and what the largest step sets aside (prefill's,
     # in disaggregated mode), one max_model_len sequence of KV fits (settings/sizing.py gpu_memory_plan).
     # Per GPU of each side's tensor-parallel group: the side that needs the larger share decides.
@@ -604,6 +613,18 @@ def _validate_backpressure(s: Settings) -> None:
         "ray_worker_idle_timeout_seconds",
         s.ray_worker_idle_timeout_seconds,
         "10 to 86400 seconds (how long an idle Ray worker pod is kept before Ray's autoscaler removes it)",
+    )
+
+
+def _validate_gpu_ami_release(s: Settings) -> None:
+    """An EKS optimized AMI release of the cluster's own minor version (EKS creates a node group on no other)."""
+    pattern = re.escape(s.kubernetes_version) + r"\.\d+-\d{8}"
+    _require(
+        s.gpu_ami_release_version is None or re.fullmatch(pattern, s.gpu_ami_release_version) is not None,
+        "gpu_ami_release_version",
+        s.gpu_ami_release_version,
+        f"an EKS optimized AL2023 NVIDIA AMI release for Kubernetes {s.kubernetes_version}: "
+        f"{s.kubernetes_version}.<patch>-<YYYYMMDD>, e.g. {catalog.GPU_AMI_RELEASE_VERSIONS[s.kubernetes_version]}",
     )
 
 

@@ -85,6 +85,7 @@ class PdInferenceStack(Stack):
             capacity_block=settings.gpu_capacity_block,
             pods_reach_imds=settings.pod_imds_access,
             local_nvme_raid0=settings.gpu_instance.instance_store_gb > 0,
+            ami_release_version=settings.gpu_ami_release,
         )
         # Everything Kubernetes runs waits for both node groups (and is deleted before them).
         nodegroups = (system_nodes.nodegroup, gpu_nodes.nodegroup)

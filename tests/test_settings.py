@@ -56,6 +56,10 @@ BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
     ({"system_nodes_desired": 4, "system_nodes_max": 3}, "system_nodes_desired", "<= system_nodes_max"),
     ({"kubernetes_version": "1.30"}, "kubernetes_version", "a version EKS still creates clusters on"),
     ({"kubernetes_version": "1.31"}, "kubernetes_version", "a version EKS still creates clusters on"),
+    # A release of another Kubernetes minor: EKS creates no node group on it.
+    ({"gpu_ami_release_version": "1.35.6-20260714"}, "gpu_ami_release_version", "1.36.<patch>-<YYYYMMDD>"),
+    ({"gpu_ami_release_version": "1.36.2"}, "gpu_ami_release_version", "for Kubernetes 1.36"),
+    ({"gpu_ami_release_version": "ami-0123456789abcdef0"}, "gpu_ami_release_version", "e.g. 1.36.2-20260714"),
     ({"endpoint_access": "public"}, "endpoint_access", "public_and_private"),
     ({"max_azs": 1}, "max_azs", "EKS needs two AZs"),
     ({"vpc_cidr": "10.0.0.0/8"}, "vpc_cidr", "/16 to /20"),
@@ -113,6 +117,13 @@ def test_defaults_are_valid_and_typed() -> None:
     assert settings == Settings()
     assert settings.gpu_nodes == 2
     assert settings.kubernetes_version == "1.36"
+    assert settings.gpu_ami_release == "1.36.2-20260714"
+
+
+def test_the_gpu_ami_release_follows_kubernetes_version_unless_set() -> None:
+    assert settings_from({**PROJECT_CONTEXT, "kubernetes_version": "1.34"}).gpu_ami_release == "1.34.9-20260714"
+    chosen = settings_from({**PROJECT_CONTEXT, "gpu_ami_release_version": "1.36.2-20260801"})
+    assert chosen.gpu_ami_release == "1.36.2-20260801"
 
 
 def test_context_strings_are_coerced() -> None:

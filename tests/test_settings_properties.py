@@ -40,6 +40,7 @@ CANDIDATES: dict[str, list[Any]] = {
     "gpu_capacity_block": [False, True, "maybe"],
     "capacity_block_end_warning_hours": [24, 0, 5000],
     "pod_imds_access": [True, False, "yes", "2"],
+    "gpu_ami_release_version": [None, "1.36.2-20260714", "1.35.6-20260714", "1.36.2", "ami-0123456789abcdef0"],
     "model_id": [*MODELS, "unknown/model"],
     "model_source": [None, "s3://bucket/models/qwen", "gs://bucket/m", "Qwen/Qwen3-8B", "not a source"],
     "max_model_len": [256, 2048, 8192, 32768, 131072, 100, "long"],

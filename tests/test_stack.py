@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from typing import Any
 
 from aws_cdk.assertions import Match, Template
 
-from settings.catalog import EFA_DEVICE_PLUGIN, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
+from settings.catalog import (
+    EFA_DEVICE_PLUGIN,
+    FAST_IMAGE_PULL_GATE,
+    GPU_AMI_RELEASE_VERSIONS,
+    INSTANCE_TYPES,
+    KUBERAY_OPERATOR,
+    KUBERNETES_VERSIONS,
+    LOCAL_NVME_MOUNT,
+    NODEADM_FEATURE_GATES,
+    NVIDIA_DEVICE_PLUGIN,
+)
 from tests.conftest import manifests, only, resources, synth
 
 
@@ -216,8 +227,8 @@ def test_assertions_library_agrees(template: dict[str, Any]) -> None:
     t.has_resource_properties("AWS::EKS::Nodegroup", {"AmiType": "AL2023_x86_64_NVIDIA"})
 
 
-def test_gpu_nodes_assemble_their_nvme_as_raid0_through_nodeadm(template: dict[str, Any]) -> None:
-    """The launch template's user data: MIME multipart with one NodeConfig asking for localStorage RAID0."""
+def _gpu_node_config(template: dict[str, Any]) -> dict[str, Any]:
+    """The NodeConfig in the GPU launch template's user data (MIME multipart, one nodeadm part)."""
     import email
 
     import yaml
@@ -229,9 +240,48 @@ def test_gpu_nodes_assemble_their_nvme_as_raid0_through_nodeadm(template: dict[s
     assert message.is_multipart()
     parts = [p for p in message.walk() if not p.is_multipart()]
     assert [p.get_content_type() for p in parts] == ["application/node.eks.aws"]
-    config = yaml.safe_load(str(parts[0].get_payload()))
+    config: dict[str, Any] = yaml.safe_load(str(parts[0].get_payload()))
     assert config["kind"] == "NodeConfig" and config["apiVersion"] == "node.eks.aws/v1alpha1"
-    assert config["spec"] == {"instance": {"localStorage": {"strategy": "RAID0"}}}
+    return config
+
+
+def test_gpu_nodes_assemble_their_nvme_as_raid0_and_pull_through_soci(template: dict[str, Any]) -> None:
+    """localStorage RAID0 and the FastImagePull gate; SOCI's state is not kept off the array."""
+    spec = _gpu_node_config(template)["spec"]
+    assert spec == {
+        "featureGates": {FAST_IMAGE_PULL_GATE: True},
+        "instance": {"localStorage": {"strategy": "RAID0"}},
+    }
+    assert "SOCI" not in spec["instance"]["localStorage"].get("disabledMounts", [])
+
+
+def test_every_feature_gate_is_one_nodeadm_knows(template: dict[str, Any]) -> None:
+    """The NodeConfig's featureGates takes any name; nodeadm's own enum (settings/catalog.py) is the list."""
+    gates = _gpu_node_config(template)["spec"].get("featureGates", {})
+    assert gates and set(gates) <= NODEADM_FEATURE_GATES, sorted(set(gates) - NODEADM_FEATURE_GATES)
+    assert all(value is True for value in gates.values())
+
+
+def test_every_gpu_type_is_large_enough_for_fast_image_pull() -> None:
+    """nodeadm uses the SOCI snapshotter only with 7 GiB of memory and 4000 millicores or more."""
+    gpu_types = {name: spec for name, spec in INSTANCE_TYPES.items() if spec.gpus > 0}
+    assert gpu_types
+    assert all(spec.memory_gib >= 7 and spec.vcpus >= 4 for spec in gpu_types.values())
+
+
+def test_gpu_nodes_are_pinned_to_one_ami_release_the_system_nodes_are_not(template: dict[str, Any]) -> None:
+    assert _nodegroup(template, "gpu-worker")["ReleaseVersion"] == "1.36.2-20260714"
+    # The launch template names no image: EKS picks the release's AMI of the group's AMI type.
+    assert "ImageId" not in _launch_template_of(template, _nodegroup(template, "gpu-worker"))
+    assert "ReleaseVersion" not in _nodegroup(template, "system")
+
+
+def test_the_ami_release_follows_the_kubernetes_version_and_the_setting() -> None:
+    assert set(GPU_AMI_RELEASE_VERSIONS) == set(KUBERNETES_VERSIONS)
+    for minor, release in GPU_AMI_RELEASE_VERSIONS.items():
+        assert re.fullmatch(re.escape(minor) + r"\.\d+-\d{8}", release), release
+    chosen = synth(gpu_ami_release_version="1.36.2-20260801")
+    assert _nodegroup(chosen, "gpu-worker")["ReleaseVersion"] == "1.36.2-20260801"
 
 
 def test_the_model_cache_is_on_the_nvme_of_both_worker_groups(rayservice: dict[str, Any]) -> None:
@@ -243,3 +293,28 @@ def test_the_model_cache_is_on_the_nvme_of_both_worker_groups(rayservice: dict[s
         container = pod["containers"][0]
         assert {"name": "model-cache", "mountPath": "/model-cache"} in container["volumeMounts"]
         assert {"name": "HF_HOME", "value": "/model-cache/huggingface"} in container["env"]
+
+
+def test_vllm_compile_cache_is_on_the_nvme_of_every_gpu_worker(rayservice: dict[str, Any]) -> None:
+    """VLLM_CACHE_ROOT (torch_compile_cache under it) lies in a mount of a hostPath on the NVMe array."""
+    from pathlib import PurePosixPath
+
+    gpu_groups = [
+        g
+        for g in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+        if g["template"]["spec"].get("nodeSelector", {}).get("role") == "gpu-worker"
+    ]
+    assert {g["groupName"] for g in gpu_groups} == {"prefill", "decode"}
+    for group in gpu_groups:
+        pod = group["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container in pod["containers"]:
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            root = PurePosixPath(env["VLLM_CACHE_ROOT"])
+            hosts = [
+                PurePosixPath(volumes[m["name"]]["hostPath"]["path"])
+                for m in container["volumeMounts"]
+                if root.is_relative_to(m["mountPath"]) and "hostPath" in volumes[m["name"]]
+            ]
+            assert hosts, f"{group['groupName']}: VLLM_CACHE_ROOT {root} is in no hostPath mount"
+            assert all(host.is_relative_to(LOCAL_NVME_MOUNT) for host in hosts), hosts
