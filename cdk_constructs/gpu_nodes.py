@@ -202,7 +202,7 @@ class EfaGpuNodes(Construct):
             # subnet, AMI type, node role), takes all of the sizes or none (EKS API reference,
             # NodegroupScalingConfig). On an update CloudFormation passes DesiredSize on only when its
             # template value changes, so a constant one leaves Cluster Autoscaler's count alone; a new
-            # minimum does change it and sets the group to that minimum (README "Cluster Autoscaler").
+            # minimum does change it and sets the group to that minimum (docs/operations.md, "Cluster Autoscaler").
             min_size=self.min_size,
             desired_size=self.min_size,
             max_size=self.max_size,
@@ -213,8 +213,9 @@ class EfaGpuNodes(Construct):
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref, version=self.launch_template.attr_latest_version_number
             ),
-            # Two fixed GPUs: replace one node at a time. A Capacity Block group is updated by
-            # EKS only at desired size 0 (README "Capacity Blocks"): this setting then never applies.
+            # Two fixed GPUs: replace one node at a time. A Capacity Block group is updated by EKS
+            # only at desired size 0 (docs/hardware-and-models.md, "Capacity Blocks"): this setting
+            # then never applies.
             max_unavailable=1,
             capacity_type=eks.CapacityType.CAPACITY_BLOCK if capacity_block else None,
             node_role=self.role,

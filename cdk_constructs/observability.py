@@ -224,7 +224,7 @@ class Observability(Construct):
         )
         # The one rule that admits the collector to the Ray pods' metrics port (the nodes carry the
         # cluster security group; pods use their node's groups). The NetworkPolicy cannot tell it from
-        # any other private-subnet address (README "Watching it").
+        # any other private-subnet address (docs/operations.md, "Watching it").
         self.scrape_ingress = ec2.CfnSecurityGroupIngress(
             self,
             "ScraperToRayMetrics",

@@ -56,7 +56,7 @@ CASES = (
         evidence=r"Backend UCX was instantiated",
     ),
     # Prefill advertises a NIXL side channel decode cannot reach: decode's pre-warm fails its
-    # handshake and the app never comes up (issue 10, item 11).
+    # handshake and the app never comes up.
     Case(
         "wrong-side-channel",
         passes=False,

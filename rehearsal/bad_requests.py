@@ -1,6 +1,6 @@
 """Bad requests at the endpoint, on the one deployed app: each a 4xx in OpenAI's shape, nothing breaks.
 
-Issue 23, item 6. Every request carries the run's key (the endpoint checks keys
+Every request carries the run's key (the endpoint checks keys
 first), so each reaches the part of Ray or vLLM that should refuse it. After all
 of them: no engine restarted (the same NIXL agents, and a good request still
 gets 200) and decode's NIXL failure counter did not move.

@@ -1,4 +1,4 @@
-"""A burst past Serve's bounds, on the one deployed app (issue 19, item 2): a clear answer, not an endless queue.
+"""A burst past Serve's bounds, on the one deployed app: a clear answer, not an endless queue.
 
 BURST streams are sent at once, twice what the app admits: the ingress's max_ongoing_requests
 plus the queue at Serve's proxy (max_queued_requests), both read from the deployed serve config,

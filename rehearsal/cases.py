@@ -43,7 +43,7 @@ FAILURE_CASES = ("ucx", "wrong-side-channel", "no-plugin")
 # for bench compare); the failure cases keep the defaults.
 # The serving cases also size Serve's admission bounds for requests of 1,024 tokens, as a user whose
 # requests are that short would (settings typical_request_tokens): the default 2,048 admits 13 at decode
-# on the product's GPU, and the disconnects phase holds 20 streams at once (issue 23 item 4).
+# on the product's GPU, and the disconnects phase holds 20 streams at once.
 SERVING_SETTINGS = {**keys.KEY_SETTINGS, "typical_request_tokens": "1024"}
 # The scaling case: a range on prefill, as a user sets it (README "Scaling": prefill aims at 1 or 2).
 SCALING_SETTINGS = {**SERVING_SETTINGS, "prefill_max_replicas": "2", "prefill_target_ongoing_requests": "2"}
@@ -87,7 +87,7 @@ CASE_CHANGES: dict[str, Callable[[Setup], None]] = {
     "no-plugin": _no_plugin,
 }
 
-# A fault made while a case deploys (issue 24 item 12): the app must come up all the same.
+# A fault made while a case deploys: the app must come up all the same.
 CASE_DEPLOY_FAULTS: dict[str, Callable[[Path, str], AbstractContextManager[Fault]]] = {
     "pd": faults.kill_decode_in_prewarm,
 }

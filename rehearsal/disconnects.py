@@ -1,6 +1,6 @@
 """Clients that hang up mid-stream, on the one deployed app: the engines give their KV cache back.
 
-Issue 23, item 4. Twenty streaming chats start at once; each client reads its stream
+Twenty streaming chats start at once; each client reads its stream
 for HOLD_S after the first chunk, longer than one metrics export, and closes the
 connection while the engine is still generating. Both engines' KV-cache use (and their
 running and waiting requests) must return to idle within IDLE_WITHIN_S: vLLM 0.26

@@ -1,6 +1,6 @@
 """An engine dies mid-stream, on the one deployed app: what callers see, and how Serve brings the side back.
 
-Issue 23, items 1 and 2. Clients keep TRAFFIC streams in flight; the side's vLLM engine
+Clients keep TRAFFIC streams in flight; the side's vLLM engine
 process (EngineCore, a child of its Serve replica, found through /proc in that node's own
 network namespace) is killed with SIGKILL, as an OOM kill or a GPU fault would end it.
 Ray LLM's health check (every 10 s, llm_server.py check_health) then fails, and Serve

@@ -1,4 +1,4 @@
-"""The decode node goes away and comes back, on the one deployed app (issue 23, item 3).
+"""The decode node goes away and comes back, on the one deployed app.
 
 Every process in node B's network namespace (its raylet, its workers, decode's replica and
 engine) is killed at once, as when the node fails; DOWN_S later Ray is started there again

@@ -1,4 +1,4 @@
-"""Prefill scales with the traffic, 1 -> 2 -> 1 -> 2, on the scaling case's one deployed app (issue 19, items 7 and 10).
+"""Prefill scales with the traffic, 1 -> 2 -> 1 -> 2, on the scaling case's one deployed app.
 
 The case deploys the product with a range on prefill (cases.SCALING_SETTINGS: prefill_max_replicas 2,
 prefill_target_ongoing_requests 2, as a user sets them) and only the documented deltas: the CPU

@@ -1,4 +1,4 @@
-"""Sustained load on the one deployed app (issue 23, item 5): `make bench`'s own client for LOAD_S and more.
+"""Sustained load on the one deployed app: `make bench`'s own client for LOAD_S and more.
 
 vLLM's bench (tools.bench.bench_command, as `make bench` runs it) in batches of BATCH prompts
 at CONCURRENCY, the CPU engines' max_num_seqs, so that decode always holds a full batch and

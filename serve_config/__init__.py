@@ -424,7 +424,7 @@ def cluster_config_hash(rayservice: dict[str, Any]) -> str:
     # generateHashWithoutReplicasAndWorkersToDelete): a changed bound must not rebuild a running
     # cluster. KubeRay does not copy them into the running RayCluster either (shouldUpdateCluster
     # stops at an equal hash), so a new bound reaches Serve at once and Ray's autoscaler at the
-    # cluster's next rebuild (README "Scaling"). Without the autoscaler nothing but a rebuild would
+    # cluster's next rebuild (docs/operations.md, "Scaling"). Without the autoscaler nothing but a rebuild would
     # start the pods of a new fixed count: there they stay in.
     if cluster.get("enableInTreeAutoscaling"):
         for group in cluster.get("workerGroupSpecs", []):

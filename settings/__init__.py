@@ -1,4 +1,4 @@
-"""Typed, validated settings for the stack (see README "Settings")."""
+"""Typed, validated settings for the stack (see docs/settings.md)."""
 
 from settings.loading import (
     CONTEXT_FILE,

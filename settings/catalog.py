@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 # --- Kubernetes ------------------------------------------------------------
 # EKS creates clusters on versions in standard or extended support
-# (AWS EKS user guide, "kubernetes-versions"; ../shared/FACTS.md). On
+# (AWS EKS user guide, "kubernetes-versions"). On
 # 2026-11-30 that is 1.32 to 1.36; 1.31 left extended support on 2026-11-26.
 # Each version is paired with the PyPI package of its kubectl Lambda layer.
 KUBERNETES_VERSIONS: Mapping[str, str] = MappingProxyType(
@@ -106,7 +106,7 @@ AWS_LOAD_BALANCER_CONTROLLER = HelmChartPin(
     release="aws-load-balancer-controller",
     namespace="kube-system",
 )
-# Installed only when the GPU group's maximum exceeds its minimum (README "Cluster Autoscaler").
+# Installed only when the GPU group's maximum exceeds its minimum (docs/operations.md, "Cluster Autoscaler").
 # Chart 9.59.0 (appVersion 1.35.0) is packaged from kubernetes/autoscaler's tag
 # cluster-autoscaler-chart-9.59.0 (../shared/charts); the image tag is set per Kubernetes minor below.
 CLUSTER_AUTOSCALER = HelmChartPin(
@@ -118,7 +118,7 @@ CLUSTER_AUTOSCALER = HelmChartPin(
 )
 # Cluster Autoscaler's minor follows Kubernetes' and is tested only against its own minor
 # (kubernetes/autoscaler cluster-autoscaler/README.md, "Releases"): the newest patch of each,
-# from the repository's tags cluster-autoscaler-1.32.7 ... -1.36.1 (../shared/FACTS.md). One row
+# from the repository's tags cluster-autoscaler-1.32.7 ... -1.36.1. One row
 # per KUBERNETES_VERSIONS key; a test keeps the two tables' keys equal.
 CLUSTER_AUTOSCALER_IMAGE_TAGS: Mapping[str, str] = MappingProxyType(
     {
@@ -201,7 +201,7 @@ class InstanceSpec:
 
 # Sources: EC2 instance type pages (accelerated computing; network
 # specifications: network cards and maximum EFA interfaces; EFA supported instance
-# types), ../shared/FACTS.md (g6.8xlarge, m7i.xlarge, GPUDirect RDMA only on p4d
+# types) (g6.8xlarge, m7i.xlarge; GPUDirect RDMA only on p4d
 # and later: aws/aws-ofi-nccl#547), NVIDIA datasheets for dense (non-sparse) BF16
 # tensor TFLOPS: L4 121, L40S 362, A100 312, H100 SXM 989; A10G has no public
 # datasheet, 70 is the A10's figure scaled to its clocks (unconfirmed).
@@ -215,8 +215,8 @@ class InstanceSpec:
 PRICE_REGION = "us-east-1"
 INSTANCE_PRICE_SOURCES: Mapping[str, str] = MappingProxyType(
     {
-        "g6.8xlarge": "AWS price list file for us-east-1, 2026-07-20 (../shared/FACTS.md)",
-        "m7i.xlarge": "AWS price list file for us-east-1, 2026-07-20 (../shared/FACTS.md)",
+        "g6.8xlarge": "AWS price list file for us-east-1, 2026-07-20",
+        "m7i.xlarge": "AWS price list file for us-east-1, 2026-07-20",
         "m7i.2xlarge": "m7i.xlarge x 2 (EC2 on-demand scales linearly within a family)",
         "m7i.4xlarge": "m7i.xlarge x 4 (EC2 on-demand scales linearly within a family)",
         "p5.48xlarge": "datareceipts/data-receipts 109-gpu-pricing/hyperscalers.json, retrieved 2026-11-09 "

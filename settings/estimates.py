@@ -15,7 +15,7 @@ from settings.model import Settings
 # --- Prices ---------------------------------------------------------------------
 PRICE_REGION = "us-east-1"
 PRICE_DATE = "2026-07-20"
-PRICE_SOURCE = "AWS price list file for us-east-1 (../shared/FACTS.md), on-demand, Linux"
+PRICE_SOURCE = "AWS price list file for us-east-1, 2026-07-20, on-demand, Linux"
 # USD per hour, from the instance table (settings/catalog.py): g6.8xlarge and m7i.xlarge from the
 # price file; the other m7i sizes scale linearly with size within the family, as EC2 on-demand
 # prices do; the multi-GPU types' prices name their own source (catalog.INSTANCE_PRICE_SOURCES).
@@ -93,7 +93,7 @@ def cost_summary(s: Settings) -> str:
     return text + ")"
 
 
-# --- Observability (issue 20), per month ---------------------------------------------
+# --- Observability, per month ---------------------------------------------
 # Series the Ray pods export, measured: the pd rehearsal's scrape of both nodes on 2026-12-01
 # (tests/data/observability_scrape_*.prom.gz). Node B, one decode worker: 1154, of them 365 vLLM's
 # engine series (`ray_vllm_*`). Node A, one Ray node holding the head, the ingress replica and a
@@ -254,8 +254,9 @@ def plan_table(s: Settings) -> str:
         + "; engine start and GPU load extra"
     )
     rows.append(
-        "Calibrated on public numbers (../shared/FACTS.md): pageable copies 5-10 GB/s, NIXL 4-5 GB/s inside "
-        "vLLM, Mooncake on A10, SageMaker HyperPod's 4k-prompt/70B guidance; prefill MFU 30-50% is assumed. "
+        'Calibrated on public numbers (docs/architecture.md, "Should I disaggregate?"): pageable copies '
+        "5-10 GB/s, NIXL 4-5 GB/s inside vLLM, Mooncake on A10, SageMaker HyperPod's 4k-prompt/70B guidance; "
+        "prefill MFU 30-50% is assumed. "
         "A verdict that differs between the ends of these ranges is printed as inconclusive. Measure yours: "
         "python -m tools.bench compare <disaggregated results> <aggregated results>"
     )
@@ -282,7 +283,7 @@ def scale_up_table(s: Settings) -> str:
     total = f"{low / 60:.1f}-{high / 60:.1f} min" + (" (a floor term included: longer if it is)" if floors else "")
     rows.append(f"  {'total':<{width}}  {total}")
     largest = max(terms, key=lambda t: t.high_seconds)
-    rows.append(f'  largest term: {largest.what} (README "The cost of a burst": how to cut it)')
+    rows.append(f'  largest term: {largest.what} (docs/operations.md, "The cost of a burst": how to cut it)')
     low_nodes, high_nodes = sizing.gpu_node_bounds(s)
     low_cost, high_cost = hourly_cost_range(s)
     node_price = INSTANCE_PRICES_PER_HOUR.get(s.gpu_instance_type)

@@ -38,7 +38,7 @@ class Settings:
     """Everything a user can change, with defaults that deploy as they are.
 
     Override any field with ``cdk synth -c key=value`` or a YAML/JSON file named
-    by ``-c settings_file=path``; see README "Settings".
+    by ``-c settings_file=path``; see docs/settings.md.
     """
 
     # Where: None keeps the stack environment-agnostic (deploys to the CLI's
@@ -96,7 +96,7 @@ class Settings:
     gpu_memory_utilization: float = 0.90
     prefill_replicas: int = 1
     decode_replicas: int = 1
-    # Scaling (README "Scaling"): each side's replicas above are its minimum, and its fixed size
+    # Scaling (docs/operations.md, "Scaling"): each side's replicas above are its minimum, and its fixed size
     # while its maximum is None. A maximum above the minimum lets Serve add replicas while the
     # side's ongoing requests per replica stay above its target, and Ray's autoscaler add the
     # worker pods they need; a target is then required (Ray LLM's own, 1e9, never scales).
@@ -121,7 +121,7 @@ class Settings:
     prefill_tensor_parallel_size: int = 1
     decode_tensor_parallel_size: int = 1
     # aggregated: prefill_replicas + decode_replicas replicas that each do both,
-    # on the same GPU nodes, for comparing the two (README "Should I disaggregate?").
+    # on the same GPU nodes, for comparing the two (docs/architecture.md, "Should I disaggregate?").
     serving_mode: str = "disaggregated"
     ray_image: str = catalog.DEFAULT_RAY_IMAGE
     serving_namespace: str = "llm"
@@ -151,14 +151,14 @@ class Settings:
     # An ACM certificate for a TLS listener on 443 on the internal NLB (which then has no plain listener).
     endpoint_tls_certificate_arn: str | None = None
 
-    # Observability (README "Watching it"): the CloudWatch observability add-on, a managed
+    # Observability (docs/operations.md, "Watching it"): the CloudWatch observability add-on, a managed
     # Prometheus workspace with its collector, rules and alert manager, and the alarms' SNS topic.
     observability: bool = True
     # Seconds between scrapes of the Ray pods (the managed collector's minimum is 30).
     observability_scrape_interval_seconds: int = 30
     # An e-mail address subscribed to the alarms' topic (confirmed by its owner); None: no subscription.
     alarm_email: str | None = None
-    # Alarm thresholds, each justified in README "Watching it".
+    # Alarm thresholds, each justified in docs/operations.md, "Watching it".
     alarm_ttft_p99_seconds: float = 10.0
     alarm_kv_throughput_floor_gb_per_s: float = 1.0
     alarm_kv_cache_usage_ratio: float = 0.98
@@ -571,7 +571,7 @@ def _validate_scaling_bounds(s: Settings) -> None:
             target_key,
             target,
             f"set when {side}_max_replicas > {side}_replicas: the ongoing requests per replica Serve scales toward "
-            '(Ray LLM\'s default, 1e9, never scales; README "Scaling")',
+            '(Ray LLM\'s default, 1e9, never scales; docs/operations.md, "Scaling")',
         )
 
 

@@ -118,7 +118,8 @@ def acknowledge_imported_vpc(stack: cdk.Stack) -> None:
     acknowledge(
         cluster,
         "@aws-cdk/aws-eks:clusterMustManuallyTagSubnet",
-        "An existing VPC's subnets are the owner's: README 'Existing VPC' lists the kubernetes.io/role tags to set",
+        "An existing VPC's subnets are the owner's: docs/security.md, 'Existing VPC' lists the "
+        "kubernetes.io/role tags to set",
         pack="Annotation",
     )
 

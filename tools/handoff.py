@@ -3,8 +3,8 @@
     python -m tools.handoff [FOLDER]     (default: handoff/)
 
 Run after `make synth`. The folder is what `cdk deploy --app FOLDER` (or
-cdk-assets plus `aws cloudformation deploy`) needs; README "Handing the stack
-to a platform team" says how.
+cdk-assets plus `aws cloudformation deploy`) needs; docs/getting-started.md, "Handing the
+stack to a platform team", says how.
 """
 
 from __future__ import annotations
