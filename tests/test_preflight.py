@@ -20,7 +20,7 @@ from botocore.exceptions import EndpointConnectionError
 
 from settings import catalog, settings_from_cli
 from tests.aws_fakes import Answer, FakeAws, client_error
-from tests.conftest import ROOT
+from tests.conftest import ROOT, synth
 from tools.preflight.__main__ import main, markdown, table
 from tools.preflight.account import cli_bootstrap_version
 from tools.preflight.base import Account, Result
@@ -625,6 +625,57 @@ def test_cluster_admin_names_every_bad_arn() -> None:
     assert line.fix == f"-c cluster_admin_arns=<your role's ARN, path included>,{ROLE}"
 
 
+def deployed_with_admins(*admins: str) -> dict[str, Answer]:
+    """A deployed stack whose template is the one `cdk synth` makes with these cluster admins."""
+    body = json.dumps(synth(cluster_admin_arns=",".join(admins), gpu_availability_zone="us-east-1b"))
+    return {
+        "cloudformation:DescribeStacks": {"Stacks": [deployed_stack("us-east-1b")]},
+        "cloudformation:GetTemplate": lambda params, _: (
+            {"TemplateBody": body} if params == {"StackName": "PdInference", "TemplateStage": "Original"} else {}
+        ),
+    }
+
+
+OTHER_ADMIN = f"arn:aws:iam::{ACCOUNT}:role/Other"
+
+
+@pytest.mark.parametrize(
+    ("deployed", "admins", "expected"),
+    [
+        ((ROLE,), "", "FAIL"),  # the trap: the caller's entry dropped from the settings
+        ((ROLE, OTHER_ADMIN), f"{ROLE}", "PASS"),  # someone else's entry dropped: the caller keeps theirs
+        ((OTHER_ADMIN,), "", "WARN"),  # never had one: nothing to lose, the old warning
+    ],
+    ids=["drops-mine", "drops-another", "never-had-one"],
+)
+def test_a_deploy_that_drops_the_callers_own_access_entry_is_stopped(
+    deployed: tuple[str, ...], admins: str, expected: str
+) -> None:
+    answers = account(**deployed_with_admins(*deployed), **{"iam:GetRole": role_or_other})
+    status, line = status_of(
+        "cluster admin", answers, f"cluster_admin_arns={admins}", "gpu_availability_zone=us-east-1b"
+    )
+    assert status == expected, line
+    if expected == "FAIL":
+        assert f"removes the access entry of {ROLE}" in line.detail and "\n" not in line.detail
+        assert line.fix.startswith(f"-c cluster_admin_arns={ROLE}")
+
+
+def role_or_other(params: dict[str, Any], region: str) -> dict[str, Any]:
+    """GetRole: the caller's role, and OTHER_ADMIN as a role without a path."""
+    if params["RoleName"] == "Other":
+        return {
+            "Role": {
+                "Path": "/",
+                "RoleName": "Other",
+                "RoleId": "AROAEXAMPLEID7654321",
+                "Arn": OTHER_ADMIN,
+                "CreateDate": datetime(2026, 1, 1, tzinfo=UTC),
+            }
+        }
+    return role(params, region)
+
+
 # --- denied calls, the IAM policy, the command line ---------------------------------------------------------
 def test_a_denied_call_warns_and_the_rest_still_run() -> None:
     results = preflight(account(**{"ec2:DescribeInstances": client_error("UnauthorizedOperation", "", 403)}), *GOOD)
@@ -728,6 +779,7 @@ def test_the_iam_policy_allows_exactly_the_calls_preflight_makes() -> None:
         ),
         (account(**{"ec2:DescribeCapacityReservations": reservation()}), RESERVED),
         (vpc_answers([subnet(1, "us-east-1b"), subnet(2, "us-east-1c")], subnet(9, "us-east-1a")), EXISTING),
+        (account(**deployed_with_admins(ROLE)), ["gpu_availability_zone=us-east-1b"]),
     ):
         fake = FakeAws(answers)
         run(settings_from_cli(list(pairs)), fake)

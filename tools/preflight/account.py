@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,20 @@ def _role_name(arn: str) -> str | None:
     return found.group(1) if found else None
 
 
+def deployed_admins(account: Account) -> set[str]:
+    """The principals the deployed stack's template gives an EKS access entry."""
+    body: Any = account.client("cloudformation").get_template(StackName=STACK_NAME, TemplateStage="Original")[
+        "TemplateBody"
+    ]
+    template = json.loads(body) if isinstance(body, str) else body
+    return {
+        str(resource["Properties"]["PrincipalArn"])
+        for resource in template.get("Resources", {}).values()
+        if resource.get("Type") == "AWS::EKS::AccessEntry"
+        and isinstance(resource["Properties"].get("PrincipalArn"), str)
+    }
+
+
 def cluster_admin(account: Account) -> list[Result]:
     settings = account.settings
     iam = account.client("iam")
@@ -242,6 +257,19 @@ def cluster_admin(account: Account) -> list[Result]:
         caller = iam.get_role(RoleName=assumed.group(3))["Role"]["Arn"]
     if caller in settings.cluster_admin_arns:
         results.append(Result("PASS", "cluster admin", f"{caller} gets cluster admin"))
+    elif account.deployed and caller in (granted := deployed_admins(account)):
+        # The settings, not the deployed stack, decide the access entries: a deploy from a settings
+        # file or a command line that forgot the caller deletes the caller's own entry.
+        kept = sorted({*settings.cluster_admin_arns, *granted})
+        results.append(
+            Result(
+                "FAIL",
+                "cluster admin",
+                f"this deploy removes the access entry of {caller}, who has one in the deployed {STACK_NAME}: "
+                "kubectl and make verify would be refused",
+                f"-c cluster_admin_arns={','.join(kept)} (or the same SETTINGS file as the last deploy)",
+            )
+        )
     else:
         results.append(
             Result(
