@@ -88,7 +88,8 @@ def admitted_bound(config: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def burst_check(ctx: Context) -> list[Any]:
-    from tools.verify import Check, poll, settled
+    from tools.checks import Check
+    from tools.polling import poll, settled
 
     if ctx.aggregated:
         return []

@@ -571,7 +571,7 @@ def _node(efa: str) -> dict[str, Any]:
 
 
 def test_verify_accepts_p5s_pods_and_refuses_a_pod_short_of_its_cards() -> None:
-    from tools.verify import placement_check
+    from tools.verify_judgement import placement_check
 
     settings = _settings("p5.48xlarge-70b")
     efa = {side: int(worker_resources(settings, side)[EFA_RESOURCE]) for side in SIDES}
@@ -590,7 +590,7 @@ def test_verify_accepts_p5s_pods_and_refuses_a_pod_short_of_its_cards() -> None:
 
 
 def test_verify_wants_a_rail_on_every_card_a_pod_holds() -> None:
-    from tools.verify import nixl_log_findings
+    from tools.checks import nixl_log_findings
 
     line = "I nixl: Created {} rails using provider=efa\nBackend LIBFABRIC was instantiated\n"
     assert nixl_log_findings(line.format(16), expected_rails=16).problems == []

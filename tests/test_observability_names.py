@@ -21,7 +21,7 @@ from cdk_constructs import observability_payloads
 from cdk_constructs.observability_payloads import SCRAPE_FILE, alarm_queries, insights_queries
 from settings.model import Settings, validate
 from tools import verify_observability
-from tools.verify import Check
+from tools.checks import Check
 from tools.verify_observability import (
     cited,
     cloudwatch_metric_names,

@@ -216,7 +216,7 @@ def test_verify_fails_a_prewarm_that_skipped_a_prefill_replica() -> None:
 
     from ray.llm._internal.serve.serving_patterns.prefill_decode import pd_server
 
-    from tools.verify import prewarm_check
+    from tools.verify_judgement import prewarm_check
 
     (fmt,) = re.findall(
         r'"(\[PDDecodeServer\] P replica %d returned empty kv_params; skipping\.)"', inspect.getsource(pd_server)
