@@ -15,7 +15,7 @@ from settings import settings_from
 from settings.catalog import CLUSTER_AUTOSCALER, CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERNETES_VERSIONS
 from settings.sizing import gpu_node_bounds
 from tests.conftest import PROJECT_CONTEXT, manifests, only, resources, synth
-from tests.helm import rendered_releases
+from tests.support.helm import rendered_releases
 
 # Both sides from one replica to two: the GPU group from 2 nodes to 4.
 AUTOSCALING = {

@@ -37,7 +37,7 @@ from tests.conftest import (
     synth,
     synth_leaks,
 )
-from tests.template_graph import depends_on
+from tests.support.template_graph import depends_on
 from tools.review import render
 
 KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys"}

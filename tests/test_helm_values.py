@@ -10,7 +10,7 @@ import yaml
 
 from settings.catalog import ALL_CHARTS, KUBERAY_OPERATOR, HelmChartPin
 from tests.conftest import resources, synth
-from tests.helm import chart_archive, release_values
+from tests.support.helm import chart_archive, release_values
 from tests.test_cluster_autoscaler import AUTOSCALING
 from tools.fetch_schemas import chart_member
 

@@ -24,7 +24,7 @@ from tests.conftest import (
     resources,
     synth,
 )
-from tests.template_graph import depends_on
+from tests.support.template_graph import depends_on
 from tools.review import render
 
 S3 = {"model_source": "s3://acme-models/approved/qwen3-8b"}

@@ -28,10 +28,10 @@ from serve_config.deployments import options_of
 from settings import Settings, SettingsError, settings_from_cli, sizing
 from settings.catalog import INSTANCE_TYPES, MODELS
 from settings.model import TENSOR_PARALLEL_SIZES, validate
-from tests import placement
-from tests.cluster import placed
 from tests.conftest import rayservice_from, require_serve_deps, resources, shared_file, synth
-from tests.kuberay_schema import validation_errors
+from tests.support import placement
+from tests.support.cluster import placed
+from tests.support.kuberay_schema import validation_errors
 from tests.test_preflight import (
     RESERVATION,
     ROLE,
@@ -293,7 +293,7 @@ def test_the_placement_proof_catches_an_idle_gpu() -> None:
         for kind in ("requests", "limits"):
             group["template"]["spec"]["containers"][0]["resources"][kind][GPU_RESOURCE] = "2"
     nodes = placement.nodes_from_template(template, "1.36")
-    from tests.cluster import DEVICE_PLUGIN_DAEMONSETS, workloads
+    from tests.support.cluster import DEVICE_PLUGIN_DAEMONSETS, workloads
 
     found = [w for w in workloads(template, "1.36") if w.source != "RayService"] + placement.ray_workloads(rayservice)
     result = placement.place(nodes, found, DEVICE_PLUGIN_DAEMONSETS)

@@ -275,7 +275,7 @@ def test_cfn_lint_is_clean_with_the_email_and_another_interval_and_with_observab
 
 def test_the_collector_may_list_the_serving_namespaces_pods_and_nothing_else() -> None:
     from tests.conftest import manifests
-    from tests.template_graph import depends_on
+    from tests.support.template_graph import depends_on
 
     template = synth(serving_namespace="serving")
     rbac = [m for m in manifests(template) if m["kind"] in ("Role", "RoleBinding", "ClusterRoleBinding")]

@@ -17,9 +17,9 @@ from settings.catalog import (
     KUBERNETES_VERSIONS,
     NVIDIA_DEVICE_PLUGIN,
 )
-from tests import placement
-from tests.cluster import DEVICE_PLUGIN_DAEMONSETS, placed, workloads
 from tests.conftest import PROJECT_CONTEXT, rayservice_from, synth
+from tests.support import placement
+from tests.support.cluster import DEVICE_PLUGIN_DAEMONSETS, placed, workloads
 
 # Tests that synthesize and render per version run in one xdist group: one process caches them.
 pytestmark = pytest.mark.xdist_group("placement")

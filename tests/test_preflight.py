@@ -19,8 +19,8 @@ import pytest
 from botocore.exceptions import EndpointConnectionError
 
 from settings import catalog, settings_from_cli
-from tests.aws_fakes import Answer, FakeAws, client_error
 from tests.conftest import ROOT
+from tests.support.aws_fakes import Answer, FakeAws, client_error
 from tools.preflight.__main__ import main, markdown, table
 from tools.preflight.account import cli_bootstrap_version
 from tools.preflight.base import Account, Result

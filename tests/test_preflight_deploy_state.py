@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from settings import settings_from_cli
-from tests.aws_fakes import FakeAws, client_error
+from tests.support.aws_fakes import FakeAws, client_error
 from tests.test_preflight import (
     GOOD,
     GVT,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from settings import settings_from_cli, sizing
-from tests.aws_fakes import FakeAws
+from tests.support.aws_fakes import FakeAws
 from tests.test_preflight import (
     GOOD,
     GVT,

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from settings import settings_from_cli
-from tests.aws_fakes import Answer, FakeAws, client_error
 from tests.conftest import ROOT
+from tests.support.aws_fakes import Answer, FakeAws, client_error
 from tests.test_preflight import ACCOUNT, CMK, GOOD, account, check, key, preflight
 from tools.preflight.base import Result
 from tools.preflight.checks import run

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from settings import settings_from_cli
-from tests.aws_fakes import Answer, FakeAws
+from tests.support.aws_fakes import Answer, FakeAws
 from tests.test_preflight import (
     ACCOUNT,
     GOOD,

@@ -17,10 +17,10 @@ import pytest
 
 from serve_config import DASHBOARD_PORT, METRICS_PORT, SERVE_PORT
 from settings.catalog import KUBERAY_OPERATOR
-from tests import reachability
-from tests.cluster import workloads
 from tests.conftest import manifests, resources, synth
-from tests.reachability import Peer, admits
+from tests.support import reachability
+from tests.support.cluster import workloads
+from tests.support.reachability import Peer, admits
 
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
 # Ports Ray and NIXL use between their pods: GCS, dashboard, client, serve,

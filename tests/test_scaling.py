@@ -15,7 +15,7 @@ import serve_config
 from serve_config.checks import kuberay_resources, problems
 from settings import Settings, SettingsError, sizing, validate
 from tests.conftest import PROJECT_CONTEXT, rayservice_from, require_serve_deps, shared_file, synth
-from tests.kuberay_schema import validation_errors
+from tests.support.kuberay_schema import validation_errors
 
 serve = pytest.mark.serve
 one_ray = pytest.mark.xdist_group("ray")

@@ -14,7 +14,7 @@ import pytest
 
 from settings import Settings
 from tests.conftest import ROOT
-from tests.fake_cluster import KEY, FakeCluster, install
+from tests.support.fake_cluster import KEY, FakeCluster, install
 from tools import verify
 from tools.checks import Check, table
 from tools.polling import EXPORT_INTERVAL_SECONDS, settled
