@@ -123,8 +123,8 @@ def test_the_ingress_service_is_applied_after_the_namespace(template: dict[str, 
 
 
 def test_verify_and_bench_forward_to_the_ingress_service(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tests.support.bench_result import RESULT
     from tests.support.fake_cluster import FakeCluster, install
-    from tests.test_bench import RESULT
     from tools import bench, verify
 
     forwarded: list[str] = []

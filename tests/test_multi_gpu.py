@@ -32,7 +32,7 @@ from tests.conftest import rayservice_from, require_serve_deps, resources, share
 from tests.support import placement
 from tests.support.cluster import placed
 from tests.support.kuberay_schema import validation_errors
-from tests.test_preflight import (
+from tests.support.preflight_account import (
     RESERVATION,
     ROLE,
     TYPES,
@@ -614,7 +614,7 @@ def test_bench_labels_its_results_with_each_sides_tensor_parallel_size() -> None
 def test_every_nixl_side_channel_of_every_tp_rank_is_reachable(name: str) -> None:
     """Ray gives each replica's engine the side-channel ports base + rank x GPUs per replica upward
     (Ray 2.58 engines/vllm/kv_transfer/base.py), one per TP worker: each must be admitted between the pods."""
-    from tests.test_reachability import cluster, ray_pods, refused, required_pairs
+    from tests.support.reachability_cluster import cluster, ray_pods, refused, required_pairs
 
     settings = _settings(name)
     policies, peers, subnets = cluster(**CONFIGS[name])

@@ -13,7 +13,7 @@ import pytest
 
 from settings import settings_from_cli
 from tests.support.aws_fakes import FakeAws, client_error
-from tests.test_preflight import (
+from tests.support.preflight_account import (
     GOOD,
     GVT,
     RESERVATION,

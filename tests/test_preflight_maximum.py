@@ -12,7 +12,7 @@ import pytest
 
 from settings import settings_from_cli, sizing
 from tests.support.aws_fakes import FakeAws
-from tests.test_preflight import (
+from tests.support.preflight_account import (
     GOOD,
     GVT,
     RESERVED,

@@ -19,7 +19,7 @@ import pytest
 from settings import settings_from_cli
 from tests.conftest import ROOT
 from tests.support.aws_fakes import Answer, FakeAws, client_error
-from tests.test_preflight import ACCOUNT, CMK, GOOD, account, check, key, preflight
+from tests.support.preflight_account import ACCOUNT, CMK, GOOD, account, check, key, preflight
 from tools.preflight.base import Result
 from tools.preflight.checks import run
 from tools.preflight.secrets import API_KEY_MIN_LENGTH, KEYS_SHAPE

@@ -15,7 +15,7 @@ import pytest
 
 from settings import settings_from_cli
 from tests.support.aws_fakes import Answer, FakeAws
-from tests.test_preflight import (
+from tests.support.preflight_account import (
     ACCOUNT,
     GOOD,
     ROLE,

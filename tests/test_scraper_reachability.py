@@ -19,9 +19,9 @@ from serve_config import METRICS_PORT
 from settings.model import ENDPOINT_ACCESS_MODES
 from tests.conftest import rayservice_from, resources, synth
 from tests.support import reachability, security_groups
+from tests.support.reachability_cluster import policies_of, private_subnets
 from tests.support.security_groups import Interface, connects
 from tests.support.template_graph import depends_on
-from tests.test_reachability import policies_of, private_subnets
 from tools.review import render
 
 API_PORT = 443
