@@ -40,6 +40,8 @@ from tests.conftest import (
 from tests.support.template_graph import depends_on
 from tools.review import render
 
+pytestmark = pytest.mark.private_internals
+
 KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys"}
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
 CERT = "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555"

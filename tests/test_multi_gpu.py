@@ -44,7 +44,7 @@ from tests.support.preflight_account import (
     secret,
 )
 
-pytestmark = pytest.mark.xdist_group("placement")
+pytestmark = [pytest.mark.xdist_group("placement"), pytest.mark.private_internals]
 
 LLAMA_70B = "meta-llama/Llama-3.3-70B-Instruct"
 TOKEN = {"hf_token_secret_name": "prod/hf-token"}

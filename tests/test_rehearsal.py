@@ -21,6 +21,8 @@ from rehearsal.deploy import CPU_DELTAS, cpu_serve_config, kuberay_auth_env, kub
 from tests.conftest import shared_file
 from tests.support.template_paths import differing_paths
 
+pytestmark = pytest.mark.private_internals
+
 
 def test_the_rehearsal_changes_exactly_the_documented_cpu_deltas(rayservice: dict[str, Any]) -> None:
     """Any other change to the product's serve config flows into the rehearsal unchanged."""

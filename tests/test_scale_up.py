@@ -26,6 +26,8 @@ from settings import Settings, SettingsError, validate
 from tests.conftest import rayservice_from, require_serve_deps, synth
 from tests.support.scaling import SIDE_RANGES, deployed_rayservice, ray_cluster_of, serve_doc_of
 
+pytestmark = pytest.mark.private_internals
+
 serve = pytest.mark.serve
 one_ray = pytest.mark.xdist_group("ray")
 HEAD = "headgroup"  # the head's node type in the config Ray derives (autoscaling_config.py _HEAD_GROUP_NAME)

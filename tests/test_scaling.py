@@ -18,6 +18,8 @@ from tests.conftest import PROJECT_CONTEXT, rayservice_from, require_serve_deps,
 from tests.support.kuberay_schema import validation_errors
 from tests.support.scaling import RANGE, SIDE_RANGES, deployed_rayservice, ray_cluster_of, serve_doc_of
 
+pytestmark = pytest.mark.private_internals
+
 serve = pytest.mark.serve
 one_ray = pytest.mark.xdist_group("ray")
 CRD = "kuberay-v1.7.0/ray.io_rayservices.yaml"
