@@ -37,11 +37,14 @@ def private_imports(tree: ast.Module) -> list[str]:
 def marked(tree: ast.Module) -> bool:
     """Whether a module-level `pytestmark` (one mark or a list of them) includes the marker."""
     for node in tree.body:
-        targets = (
-            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        )
-        if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets) and node.value is not None:
-            for mark in ast.walk(node.value):
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
+            for mark in ast.walk(value):
                 if isinstance(mark, ast.Attribute) and mark.attr == MARKER:
                     return True
     return False
