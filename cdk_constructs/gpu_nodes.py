@@ -90,7 +90,7 @@ class EfaGpuNodes(Construct):
         volume_gib: root volume, gp3, encrypted; default 300, for a type without
             instance store, whose root holds the image and the weights. With
             local_nvme_raid0 the root keeps only what nodeadm leaves there (the AMI,
-            the journal): settings/sizing.py gpu_root_volume_gib sizes it for the type.
+            the journal): settings/sizing/root_volume.py gpu_root_volume_gib sizes it for the type.
         placement_group: put the nodes in a new cluster placement group; default True.
         capacity_reservation_id: launch into this EC2 capacity reservation; default None.
         capacity_block: that reservation is a Capacity Block for ML: the node group's capacity

@@ -67,8 +67,8 @@ def cases(model_id: str) -> list[tuple[str, bytes, str]]:
 
 def bad_requests_check(ctx: Context) -> list[Any]:
     """Each bad request gets a 4xx in OpenAI's shape; then no restart, no NIXL failure, and a good request works."""
+    from tools.checks import Check
     from tools.cluster_access import NixlSnapshot
-    from tools.verify import Check
 
     url = f"{ctx.serve}/v1/chat/completions"
     headers = {} if ctx.api_key is None else {"Authorization": f"Bearer {ctx.api_key}"}

@@ -2,7 +2,7 @@
 
 BURST streams are sent at once, twice what the app admits: the ingress's max_ongoing_requests
 plus the queue at Serve's proxy (max_queued_requests), both read from the deployed serve config,
-as the product sized them (settings/sizing.py). Past them Serve's router raises BackPressureError
+as the product sized them (settings/sizing/). Past them Serve's router raises BackPressureError
 and the deployment's backpressure_config answers.
 
 Required: every request ends with 200 and a complete stream, or with the configured status and
@@ -88,7 +88,8 @@ def admitted_bound(config: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def burst_check(ctx: Context) -> list[Any]:
-    from tools.verify import Check, poll, settled
+    from tools.checks import Check
+    from tools.polling import poll, settled
 
     if ctx.aggregated:
         return []

@@ -23,7 +23,7 @@ BENCH_PROMPTS = 4
 
 def auth_checks(config: dict[str, Any], env: dict[str, str]) -> list[Any]:
     """With token authentication on: a deploy or a job without the token is refused (401), a wrong token too (403)."""
-    from tools.verify import Check
+    from tools.checks import Check
 
     if not kuberay_headers(env):
         return []
@@ -58,8 +58,9 @@ NIXL_BYTES = "vllm:nixl_bytes_transferred_sum"
 
 def prewarm_probe(ctx: Context) -> list[Any]:
     """What decode's pre-warm moved, read after deploy and before any request, once Ray's export held still."""
+    from tools.checks import Check
     from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, metric_total
-    from tools.verify import Check, settled
+    from tools.polling import settled
 
     if ctx.aggregated:
         return []
@@ -80,18 +81,14 @@ def prewarm_probe(ctx: Context) -> list[Any]:
 
 def verify_checks(ctx: Context) -> list[Any]:
     """verify's own checks, on the P/D app or (aggregated) on the aggregated one."""
+    from tools.checks import Check, nixl_log_findings
     from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, http_json, metric_total
-    from tools.verify import (
-        Check,
-        chat_check,
-        grew,
-        guard,
+    from tools.polling import grew, poll, poll_until_grown
+    from tools.verify import chat_check, guard
+    from tools.verify_judgement import (
         metrics_check,
         models_check,
-        nixl_log_findings,
         no_nixl_check,
-        poll,
-        poll_until_grown,
         prefill_check,
         prewarm_check,
         served_check,
@@ -161,7 +158,7 @@ def short_bench(
 ) -> None:
     from tools import bench as tools_bench
     from tools.cluster_access import EngineSnapshot, NixlSnapshot
-    from tools.verify import grew, poll, settled
+    from tools.polling import grew, poll, settled
 
     # The engines that decode: decode's node in P/D mode; in aggregated mode both nodes' replicas.
     engine_urls = (PREFILL_METRICS, DECODE_METRICS) if aggregated else (DECODE_METRICS,)

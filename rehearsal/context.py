@@ -76,5 +76,5 @@ class Context:
         return deploy.is_aggregated(self.config)
 
 
-# A phase: checks against the deployed app (tools.verify.Check, each with ok, name, detail).
+# A phase: checks against the deployed app (tools.checks.Check, each with ok, name, detail).
 Phase = Callable[[Context], list[Any]]

@@ -83,8 +83,8 @@ def _hang_up(serve: str, body: bytes, headers: dict[str, str], seen: list[str]) 
 
 def disconnects_check(ctx: Context) -> list[Any]:
     """Twenty streams cut by their clients: the engines return to idle, NIXL fails nothing, service goes on."""
+    from tools.checks import Check
     from tools.cluster_access import NixlSnapshot
-    from tools.verify import Check
 
     headers = {"Content-Type": "application/json"}
     if ctx.api_key is not None:

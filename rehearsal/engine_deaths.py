@@ -102,7 +102,7 @@ def engine_death(side: str) -> Callable[[Context], list[Any]]:
     """The phase for one side: kill its engine while TRAFFIC streams run."""
 
     def phase(ctx: Context) -> list[Any]:
-        from tools.verify import Check
+        from tools.checks import Check
 
         before = counters()
         old_engine = _engine_pid(ctx, side)
@@ -160,7 +160,7 @@ def engine_death(side: str) -> Callable[[Context], list[Any]]:
 def served_after(case: str, after: list[streams.Outcome], mid: dict[str, Any], end: dict[str, Any]) -> Any:
     """The check that the app is whole again: AFTER requests in a row, each complete, each moving its KV
     over NIXL, none failed (`mid` and `end`: the counters before and after them)."""
-    from tools.verify import Check
+    from tools.checks import Check
 
     return Check(
         f"{case}: every request afterwards succeeds, NIXL fails none",

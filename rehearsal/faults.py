@@ -38,7 +38,7 @@ class Fault:
     def check(self, started: float) -> Any:
         """Ok only for a kill inside the pre-warm: a kill after it is a replica death, which proves nothing
         about a constructor retried by Serve."""
-        from tools.verify import Check
+        from tools.checks import Check
 
         name = "one fault during pre-warm, the app still came up"
         if self.killed_after is None:

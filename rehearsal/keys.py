@@ -94,7 +94,7 @@ def _call(url: str, key: str | None, body: dict[str, Any] | None = None) -> tupl
 
 def key_checks(ctx: Context) -> list[Any]:
     """No key and a wrong key: 401; the right key: 200, streaming and not; a rotation with no restart."""
-    from tools.verify import Check
+    from tools.checks import Check
 
     keys = ctx.endpoint_keys
     if keys is None:
@@ -147,7 +147,7 @@ def key_checks(ctx: Context) -> list[Any]:
 
 def key_log_scan(ctx: Context) -> list[Any]:
     """Every Ray and engine log, read for every key this run made: none may appear. The ingress came from the copy."""
-    from tools.verify import Check
+    from tools.checks import Check
 
     keys = ctx.endpoint_keys
     if keys is None:

@@ -20,7 +20,7 @@ SCRAPE_FILES = {"prefill": "metrics_prefill_node.prom", "decode": "metrics_decod
 
 def names_check(ctx: Context) -> list[Any]:
     from settings.model import Settings, validate
-    from tools.verify import Check
+    from tools.checks import Check
     from tools.verify_observability import missing_from_scrape, ray_pod_names
 
     texts = {"prefill": metrics_text(PREFILL_METRICS), "decode": metrics_text(DECODE_METRICS)}

@@ -77,7 +77,7 @@ def _through_node_b_proxy(ctx: Context, into: list[streams.Outcome]) -> threadin
 
 
 def node_loss_check(ctx: Context) -> list[Any]:
-    from tools.verify import Check
+    from tools.checks import Check
 
     if ctx.nodes is None or ctx.restart_node_b is None:
         raise RuntimeError("node loss needs the rehearsal's nodes")

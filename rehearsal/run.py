@@ -86,7 +86,7 @@ def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
 
 
 def _run(case: str, nodes: Nodes, work: Path, logs_out: Path | None, results: Path | None, started: float) -> int:
-    from tools.verify import table
+    from tools.checks import table
 
     timings: dict[str, float] = {}
     libs = native.ensure()

@@ -178,7 +178,7 @@ def bound_change_check(ctx: Context) -> list[Any]:
     """A changed bound reaches the running app in place: no replica restarts."""
     from rehearsal.cases import SCALING_SETTINGS
     from rehearsal.deploy import apply_scaling_deltas, cpu_serve_config, product_rayservice
-    from tools.verify import Check
+    from tools.checks import Check
 
     deployed = product_rayservice(SCALING_SETTINGS)
     changed = product_rayservice({**SCALING_SETTINGS, f"{SIDE}_target_ongoing_requests": CHANGED_TARGET})
@@ -246,7 +246,8 @@ def prefill_names(temp_dir: Path) -> list[tuple[str, str]]:
 
 
 def scaling_check(ctx: Context) -> list[Any]:
-    from tools.verify import Check, settled
+    from tools.checks import Check
+    from tools.polling import settled
 
     if ctx.nodes is None:
         raise RuntimeError("the scaling phase needs the rehearsal's nodes")

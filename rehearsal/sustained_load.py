@@ -58,8 +58,9 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def sustained_load_check(ctx: Context) -> list[Any]:
     from tools import bench as tools_bench
+    from tools.checks import Check
     from tools.cluster_access import EngineSnapshot, NixlSnapshot
-    from tools.verify import Check, settled
+    from tools.polling import settled
 
     out = ctx.work / "sustained-load"
     out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +99,7 @@ def sustained_load_check(ctx: Context) -> list[Any]:
     def grown(reading: tuple[NixlSnapshot, EngineSnapshot]) -> bool:
         return reading[0].transfers + reading[0].failed - nixl_before.transfers - nixl_before.failed >= expected
 
-    from tools.verify import poll
+    from tools.polling import poll
 
     poll(snapshot, grown)
     nixl_after, engine_after = settled(snapshot)

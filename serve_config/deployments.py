@@ -9,7 +9,7 @@ replica of the app. Every option here is one Serve applies to running replicas i
 NeedsActorReconfigure): a `cdk deploy` that changes a bound restarts nothing. Serve refuses an
 override that names a deployment the builder did not make, so a wrong name fails the deploy loudly.
 
-The numbers come from settings/sizing.py.
+The numbers come from settings/sizing/.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _client_facing(settings: Settings) -> str:
 
 def ingress_options(settings: Settings) -> dict[str, Any]:
     """The ingress's queue bounds and drain: it passes on everything the engines behind it can hold or
-    queue, so the bound a burst meets is theirs (settings/sizing.py, ingress_max_ongoing_requests). Its
+    queue, so the bound a burst meets is theirs (settings/sizing/admission.py, ingress_max_ongoing_requests). Its
     replica count and home are structural and stay in the builder's args (pd_application.yaml)."""
     options = _queue_bounds(
         settings,

@@ -68,7 +68,7 @@ def ingress_cls_config(settings: Settings) -> dict[str, Any]:
     caller otherwise. Ray's own OpenAiIngress is never used: a client's headers can turn Serve's
     timeout and its hang-up cancel off, and only this class keeps them (ray_pods/stream_guard.py)."""
     # The ingress ends chats and completions here itself: a client's headers can turn Serve's own
-    # timeout off (ray_pods/stream_guard.py); decode's drain covers exactly this (settings/sizing.py,
+    # timeout off (ray_pods/stream_guard.py); decode's drain covers exactly this (settings/sizing/,
     # graceful_shutdown).
     timeout = settings.request_timeout_seconds
     if settings.endpoint_api_keys_secret_name is None:

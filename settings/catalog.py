@@ -331,7 +331,7 @@ class ModelSpec:
     # (vllm/config/model.py, _get_and_verify_max_len) unless told to allow it.
     max_context_tokens: int
     # hidden_size, intermediate_size (the MLP's width) and vocab_size: the
-    # activation peak of a forward pass and the sampler's logits (settings/sizing.py).
+    # activation peak of a forward pass and the sampler's logits (settings/sizing/).
     hidden_size: int
     intermediate_size: int
     vocab_size: int

@@ -153,7 +153,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "256 to the model's context length",
     ),
     "gpu_memory_utilization": SettingDoc(
-        "vLLM's share of GPU memory, up to 0.95 and at least what leaves KV for one `max_model_len` sequence after the weights and what vLLM 0.26 sets aside for the largest step (prefill's: activations of a `max_num_batched_tokens` pass or the sampler, the CUDA-graph estimate, non-torch memory; `settings/sizing.py` `gpu_memory_plan`): 0.800 on the defaults. Below that vLLM refuses to start, so synth refuses it in one line",
+        "vLLM's share of GPU memory, up to 0.95 and at least what leaves KV for one `max_model_len` sequence after the weights and what vLLM 0.26 sets aside for the largest step (prefill's: activations of a `max_num_batched_tokens` pass or the sampler, the CUDA-graph estimate, non-torch memory; `settings/sizing/memory.py` `gpu_memory_plan`): 0.800 on the defaults. Below that vLLM refuses to start, so synth refuses it in one line",
         f"0.5 to {MAX_GPU_MEMORY_UTILIZATION}, and at least what leaves KV for one `max_model_len` sequence",
     ),
     "prefill_replicas": SettingDoc(
@@ -183,7 +183,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "above 0 and at most decode's `max_ongoing_requests`; set exactly when decode has a range",
     ),
     "typical_request_tokens": SettingDoc(
-        "a typical request's prompt plus output tokens: each engine replica takes as many requests at once as its KV cache holds at this length, at most vLLM's `max_num_seqs` (`settings/sizing.py` `max_ongoing_requests`: 12 prefill, 13 decode on the defaults), and each caller queues as many again (64 to `max_model_len`)",
+        "a typical request's prompt plus output tokens: each engine replica takes as many requests at once as its KV cache holds at this length, at most vLLM's `max_num_seqs` (`settings/sizing/admission.py` `max_ongoing_requests`: 12 prefill, 13 decode on the defaults), and each caller queues as many again (64 to `max_model_len`)",
         "64 to `max_model_len`",
     ),
     "backpressure_retry_after_seconds": SettingDoc(

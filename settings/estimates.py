@@ -42,7 +42,7 @@ class CostLine:
 
 def hourly_cost(s: Settings, gpu_nodes: int | None = None) -> list[CostLine]:
     """What the stack runs per hour at its desired sizes, on demand; gpu_nodes: the GPU group at that
-    many nodes instead of its minimum (settings/sizing.py gpu_node_bounds)."""
+    many nodes instead of its minimum (settings/sizing/root_volume.py gpu_node_bounds)."""
     if gpu_nodes is None:
         gpu_nodes = sizing.gpu_node_bounds(s)[0]
     nat_gateways = 0 if s.vpc_id else s.max_azs

@@ -72,7 +72,7 @@ class Settings:
     # GPU nodes: one per prefill or decode replica.
     gpu_instance_type: str = catalog.DEFAULT_GPU_INSTANCE_TYPE
     gpu_availability_zone: str | None = None
-    # The root volume; None: the instance type's default (settings/sizing.py
+    # The root volume; None: the instance type's default (settings/sizing/
     # gpu_root_volume_gib), small where kubelet, containerd and the model cache
     # live on the instance store's NVMe, large where the root holds them.
     gpu_volume_gib: int | None = None
@@ -106,7 +106,7 @@ class Settings:
     decode_target_ongoing_requests: float | None = None
     # Backpressure: a typical request's prompt plus output tokens. Each engine replica takes
     # as many requests at once as its KV cache holds at this length, at most vLLM's max_num_seqs
-    # (settings/sizing.py max_ongoing_requests); each caller queues as many again, and past that
+    # (settings/sizing/admission.py max_ongoing_requests); each caller queues as many again, and past that
     # the client gets 503 with Retry-After (backpressure_retry_after_seconds).
     typical_request_tokens: int = 2048
     backpressure_retry_after_seconds: int = 10
@@ -464,7 +464,7 @@ def validate(s: Settings) -> Settings:
     _validate_capacity_block(s)
     _validate_gpu_ami_release(s)
     # vLLM starts only if, after the weights and what the largest step sets aside (prefill's,
-    # in disaggregated mode), one max_model_len sequence of KV fits (settings/sizing.py gpu_memory_plan).
+    # in disaggregated mode), one max_model_len sequence of KV fits (settings/sizing/memory.py gpu_memory_plan).
     # Per GPU of each side's tensor-parallel group: the side that needs the larger share decides.
     sizes = {side: s.tensor_parallel_size(side) for side in ("prefill", "decode")}
     least = min_gpu_memory_utilization(s, sizes)
@@ -576,7 +576,7 @@ def _validate_scaling_bounds(s: Settings) -> None:
 
 
 def _validate_backpressure(s: Settings) -> None:
-    """The admission bounds (settings/sizing.py), the targets within them, the timeout and the idle timeout."""
+    """The admission bounds (settings/sizing/), the targets within them, the timeout and the idle timeout."""
     _require(
         64 <= s.typical_request_tokens <= s.max_model_len,
         "typical_request_tokens",

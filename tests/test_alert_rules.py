@@ -28,7 +28,7 @@ from serve_config.deployments import deployment_name_of
 from settings import catalog
 from settings.model import Settings, validate
 from tests.conftest import resources, synth
-from tests.test_observability_names import recorded
+from tests.support.metric_names import recorded
 
 FAILED = "ray_vllm_nixl_num_failed_transfers_total"
 NIXL_ALERT = "NixlFailedTransfers"

@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 
 from settings import Settings
+from tests.support.bench_result import RESULT
 from tools import bench
 from tools.cluster_access import EngineSnapshot, Histogram, NixlSnapshot, histogram
 
-DATA = Path(__file__).parent / "data"
 # A recorded run, at 4 requests (the rehearsal's size).
-RESULT = {**json.loads((DATA / "vllm_bench_result.json").read_text()), "completed": 4}
 
 ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2)  # vLLM 0.26's first ITL buckets
 
@@ -122,7 +121,7 @@ def test_sweep_runs_vllms_bench_with_the_key_and_flags_recompute(
 ) -> None:
     """The sweep against a fake cluster: the key from the endpoint's Secret is in vLLM's bench's
     environment and not on its command line; 3 transfers for 4 requests is flagged."""
-    from tests.fake_cluster import KEY, FakeCluster
+    from tests.support.fake_cluster import KEY, FakeCluster
 
     cluster = FakeCluster()
     state = {"transfers": 0}

@@ -7,26 +7,17 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any
-
-from cfnlint.api import ManualArgs, lint
 
 from tests.conftest import PROJECT_CONTEXT, ROOT, only, synth
-from tests.test_cluster_autoscaler import AUTOSCALING
+from tests.support.autoscaling import AUTOSCALING
+from tests.support.cfn_lint import lint_errors
 
 # W3005 (redundant DependsOn): CDK adds explicit DependsOn next to the implicit
 # Ref/GetAtt ones; harmless, and not ours to remove.
-IGNORED = ["W3005"]
-
-
-def _lint(template: dict[str, Any], also_ignored: tuple[str, ...] = ()) -> list[str]:
-    config = ManualArgs(regions=["us-east-1"], ignore_checks=[*IGNORED, *also_ignored])
-    matches = lint(json.dumps(template), config=config)
-    return [f"{m.rule.id} {m.message} ({'/'.join(map(str, m.path))})" for m in matches]
 
 
 def test_cfn_lint_clean_on_defaults() -> None:
-    assert _lint(synth()) == []
+    assert lint_errors(synth()) == []
 
 
 def test_cfn_lint_clean_with_pinned_az_reservation_and_private_endpoint() -> None:
@@ -37,7 +28,7 @@ def test_cfn_lint_clean_with_pinned_az_reservation_and_private_endpoint() -> Non
         endpoint_access="private",
     )
     # W3010 (hard-coded AZ) is the point of gpu_availability_zone: g6 is not in every AZ.
-    assert _lint(template, also_ignored=("W3010",)) == []
+    assert lint_errors(template, also_ignored=("W3010",)) == []
 
 
 def test_cfn_lint_catches_a_broken_template() -> None:
@@ -46,7 +37,7 @@ def test_cfn_lint_catches_a_broken_template() -> None:
     for resource in broken["Resources"].values():
         if resource["Type"] == "AWS::EC2::LaunchTemplate":
             resource["Properties"]["LaunchTemplateData"]["MetadataOptions"]["HttpTokens"] = "sometimes"
-    assert any(line.startswith("E") for line in _lint(broken))
+    assert any(line.startswith("E") for line in lint_errors(broken))
 
 
 def test_cfn_lint_clean_with_every_optional_part() -> None:
@@ -59,7 +50,7 @@ def test_cfn_lint_clean_with_every_optional_part() -> None:
         endpoint_tls_certificate_arn="arn:aws:acm:us-east-1:123456789012:certificate/"
         + "11111111-2222-3333-4444-555555555555",
     )
-    assert _lint(template) == []
+    assert lint_errors(template) == []
 
 
 def test_cfn_lint_clean_with_cluster_autoscaler() -> None:
@@ -68,7 +59,7 @@ def test_cfn_lint_clean_with_cluster_autoscaler() -> None:
     template = synth(**AUTOSCALING)
     scaling = only(template, "AWS::EKS::Nodegroup", AmiType="AL2023_x86_64_NVIDIA")["Properties"]["ScalingConfig"]
     assert scaling["MinSize"] == scaling["DesiredSize"] < scaling["MaxSize"]
-    assert _lint(template) == []
+    assert lint_errors(template) == []
 
 
 BROKEN_SYNTH = """

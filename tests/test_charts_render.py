@@ -10,9 +10,9 @@ import pytest
 
 from settings.catalog import ALL_CHARTS, KUBERNETES_VERSIONS
 from tests.conftest import synth
-from tests.helm import rendered_releases
-from tests.kuberay_schema import custom_resource_errors
-from tests.test_cluster_autoscaler import AUTOSCALING
+from tests.support.autoscaling import AUTOSCALING
+from tests.support.helm import rendered_releases
+from tests.support.kuberay_schema import custom_resource_errors
 
 pytestmark = pytest.mark.xdist_group("placement")
 

@@ -20,8 +20,8 @@ import pytest
 import serve_config
 from serve_config import GPU_RESOURCE, INGRESS_GROUP, SERVE_PORT
 from settings import Settings
-from tests import placement
 from tests.conftest import manifests, rayservice_from, synth
+from tests.support import placement
 
 SERVICE = "pd-llm"
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
@@ -70,7 +70,7 @@ def test_each_client_endpoint_selects_exactly_the_ingress_groups_pods(overrides:
 @pytest.mark.parametrize("overrides", [NLB], ids=["nlb"])
 def test_the_placement_proof_puts_every_endpoint_pod_on_a_system_node(overrides: dict[str, Any]) -> None:
     """Where the placement proof lands the pods each client Service selects: system nodes only."""
-    from tests.cluster import placed
+    from tests.support.cluster import placed
 
     result = placed(**overrides)
     pods = placement.ray_workloads(rayservice_from(synth(**overrides)))
@@ -123,8 +123,8 @@ def test_the_ingress_service_is_applied_after_the_namespace(template: dict[str, 
 
 
 def test_verify_and_bench_forward_to_the_ingress_service(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tests.fake_cluster import FakeCluster, install
-    from tests.test_bench import RESULT
+    from tests.support.bench_result import RESULT
+    from tests.support.fake_cluster import FakeCluster, install
     from tools import bench, verify
 
     forwarded: list[str] = []

@@ -15,15 +15,10 @@ from settings import settings_from
 from settings.catalog import CLUSTER_AUTOSCALER, CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERNETES_VERSIONS
 from settings.sizing import gpu_node_bounds
 from tests.conftest import PROJECT_CONTEXT, manifests, only, resources, synth
-from tests.helm import rendered_releases
+from tests.support.autoscaling import AUTOSCALING
+from tests.support.helm import rendered_releases
 
 # Both sides from one replica to two: the GPU group from 2 nodes to 4.
-AUTOSCALING = {
-    "prefill_max_replicas": "2",
-    "decode_max_replicas": "2",
-    "prefill_target_ongoing_requests": "2",
-    "decode_target_ongoing_requests": "2",
-}
 GPU_NODEGROUP = {"AmiType": "AL2023_x86_64_NVIDIA"}
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 # The image the chart runs (its values.yaml image.repository); only the tag is ours.

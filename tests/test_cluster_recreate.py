@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import serve_config
-from tests import kuberay_paths
 from tests.conftest import manifests, rayservice_from, synth
-from tests.kuberay_paths import Cluster
+from tests.support import kuberay_paths
+from tests.support.kuberay_paths import Cluster
 
 # A change of rayClusterConfig (the image), and one of serveConfigV2 only.
 CLUSTER_CHANGE = {"ray_image": "public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0"}

@@ -10,8 +10,8 @@ import serve_config
 from cdk_constructs.llm_service import cluster_recreate, ray_pod_labels
 from settings.catalog import AWS_LOAD_BALANCER_CONTROLLER, EXTERNAL_SECRETS, KUBERAY_OPERATOR
 from tests.conftest import ROOT, helm_releases, manifest_resource, manifests, only, rayservice_from, resources, synth
-from tests.helm import rendered_releases
-from tests.template_graph import depends_on
+from tests.support.helm import rendered_releases
+from tests.support.template_graph import depends_on
 
 TOKEN = {"hf_token_secret_name": "prod/hf-token"}
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}

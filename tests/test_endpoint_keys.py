@@ -37,8 +37,10 @@ from tests.conftest import (
     synth,
     synth_leaks,
 )
-from tests.template_graph import depends_on
+from tests.support.template_graph import depends_on
 from tools.review import render
+
+pytestmark = pytest.mark.private_internals
 
 KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys"}
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}

@@ -146,7 +146,7 @@ def _range() -> Settings:
 
 
 def test_cost_gives_a_range_from_the_minimum_to_the_maximum() -> None:
-    """Decode 1 -> 3: 2 GPU nodes at the minimum, 4 at the maximum (settings/sizing.py gpu_node_bounds).
+    """Decode 1 -> 3: 2 GPU nodes at the minimum, 4 at the maximum (settings/sizing/root_volume.py gpu_node_bounds).
 
     Minimum: the defaults' 4.6549 $/h. Maximum: 2 more g6.8xlarge (2 x 2.0144) and their 50 GB roots
     (100 GB x 0.08 / 730 = 0.01096): 4.6549 + 4.0288 + 0.01096 = 8.69466 $/h.

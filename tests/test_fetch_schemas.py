@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from settings.catalog import ALL_CHARTS, KUBERAY_OPERATOR, HelmChartPin
-from tests.helm import chart_archive
+from tests.support.helm import chart_archive
 from tools import fetch_schemas
 from tools.fetch_schemas import KUBERAY_CRD, FetchError, chart_file
 

@@ -10,8 +10,8 @@ import yaml
 
 from settings.catalog import ALL_CHARTS, KUBERAY_OPERATOR, HelmChartPin
 from tests.conftest import resources, synth
-from tests.helm import chart_archive, release_values
-from tests.test_cluster_autoscaler import AUTOSCALING
+from tests.support.autoscaling import AUTOSCALING
+from tests.support.helm import chart_archive, release_values
 from tools.fetch_schemas import chart_member
 
 PINS = {pin.chart: pin for pin in ALL_CHARTS}

@@ -9,7 +9,7 @@ import pytest
 
 from settings.catalog import KUBECTL_IMAGE, KUBERAY_OPERATOR, kuberay_crd_urls
 from tests.conftest import helm_releases, manifest_resource, manifests, resources, synth
-from tests.template_graph import depends_on
+from tests.support.template_graph import depends_on
 
 EVERYTHING = {
     "hf_token_secret_name": "prod/hf-token",

@@ -24,8 +24,10 @@ from tests.conftest import (
     resources,
     synth,
 )
-from tests.template_graph import depends_on
+from tests.support.template_graph import depends_on
 from tools.review import render
+
+pytestmark = pytest.mark.private_internals
 
 S3 = {"model_source": "s3://acme-models/approved/qwen3-8b"}
 

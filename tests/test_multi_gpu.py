@@ -28,11 +28,11 @@ from serve_config.deployments import options_of
 from settings import Settings, SettingsError, settings_from_cli, sizing
 from settings.catalog import INSTANCE_TYPES, MODELS
 from settings.model import TENSOR_PARALLEL_SIZES, validate
-from tests import placement
-from tests.cluster import placed
 from tests.conftest import rayservice_from, require_serve_deps, resources, shared_file, synth
-from tests.kuberay_schema import validation_errors
-from tests.test_preflight import (
+from tests.support import placement
+from tests.support.cluster import placed
+from tests.support.kuberay_schema import validation_errors
+from tests.support.preflight_account import (
     RESERVATION,
     ROLE,
     TYPES,
@@ -44,7 +44,7 @@ from tests.test_preflight import (
     secret,
 )
 
-pytestmark = pytest.mark.xdist_group("placement")
+pytestmark = [pytest.mark.xdist_group("placement"), pytest.mark.private_internals]
 
 LLAMA_70B = "meta-llama/Llama-3.3-70B-Instruct"
 TOKEN = {"hf_token_secret_name": "prod/hf-token"}
@@ -293,7 +293,7 @@ def test_the_placement_proof_catches_an_idle_gpu() -> None:
         for kind in ("requests", "limits"):
             group["template"]["spec"]["containers"][0]["resources"][kind][GPU_RESOURCE] = "2"
     nodes = placement.nodes_from_template(template, "1.36")
-    from tests.cluster import DEVICE_PLUGIN_DAEMONSETS, workloads
+    from tests.support.cluster import DEVICE_PLUGIN_DAEMONSETS, workloads
 
     found = [w for w in workloads(template, "1.36") if w.source != "RayService"] + placement.ray_workloads(rayservice)
     result = placement.place(nodes, found, DEVICE_PLUGIN_DAEMONSETS)
@@ -571,7 +571,7 @@ def _node(efa: str) -> dict[str, Any]:
 
 
 def test_verify_accepts_p5s_pods_and_refuses_a_pod_short_of_its_cards() -> None:
-    from tools.verify import placement_check
+    from tools.verify_judgement import placement_check
 
     settings = _settings("p5.48xlarge-70b")
     efa = {side: int(worker_resources(settings, side)[EFA_RESOURCE]) for side in SIDES}
@@ -590,7 +590,7 @@ def test_verify_accepts_p5s_pods_and_refuses_a_pod_short_of_its_cards() -> None:
 
 
 def test_verify_wants_a_rail_on_every_card_a_pod_holds() -> None:
-    from tools.verify import nixl_log_findings
+    from tools.checks import nixl_log_findings
 
     line = "I nixl: Created {} rails using provider=efa\nBackend LIBFABRIC was instantiated\n"
     assert nixl_log_findings(line.format(16), expected_rails=16).problems == []
@@ -614,7 +614,7 @@ def test_bench_labels_its_results_with_each_sides_tensor_parallel_size() -> None
 def test_every_nixl_side_channel_of_every_tp_rank_is_reachable(name: str) -> None:
     """Ray gives each replica's engine the side-channel ports base + rank x GPUs per replica upward
     (Ray 2.58 engines/vllm/kv_transfer/base.py), one per TP worker: each must be admitted between the pods."""
-    from tests.test_reachability import cluster, ray_pods, refused, required_pairs
+    from tests.support.reachability_cluster import cluster, ray_pods, refused, required_pairs
 
     settings = _settings(name)
     policies, peers, subnets = cluster(**CONFIGS[name])

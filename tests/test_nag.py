@@ -9,7 +9,7 @@ import pytest
 
 from stacks.nag_acknowledgements import ACKNOWLEDGEMENTS, OPTIONAL_ACKNOWLEDGEMENTS, acknowledge_findings
 from tests.conftest import PROJECT_CONTEXT, only, synth
-from tests.test_cluster_autoscaler import AUTOSCALING
+from tests.support.autoscaling import AUTOSCALING
 
 REVIEWED_DEFAULT = 14
 REVIEWED_OPTIONAL = 12

@@ -16,7 +16,7 @@ import pytest
 import serve_config
 from settings import Settings
 from tests.conftest import manifests, synth
-from tests.helm import rendered_releases
+from tests.support.helm import rendered_releases
 
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
 POD_WEBHOOK = "mpod.elbv2.k8s.aws"

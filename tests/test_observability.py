@@ -267,15 +267,15 @@ def test_the_monthly_estimate_counts_the_measured_series_at_the_interval() -> No
 
 
 def test_cfn_lint_is_clean_with_the_email_and_another_interval_and_with_observability_off() -> None:
-    from tests.test_cfn_lint import _lint
+    from tests.support.cfn_lint import lint_errors
 
-    assert _lint(synth(alarm_email="oncall@example.com", observability_scrape_interval_seconds="60")) == []
-    assert _lint(synth(observability="false")) == []
+    assert lint_errors(synth(alarm_email="oncall@example.com", observability_scrape_interval_seconds="60")) == []
+    assert lint_errors(synth(observability="false")) == []
 
 
 def test_the_collector_may_list_the_serving_namespaces_pods_and_nothing_else() -> None:
     from tests.conftest import manifests
-    from tests.template_graph import depends_on
+    from tests.support.template_graph import depends_on
 
     template = synth(serving_namespace="serving")
     rbac = [m for m in manifests(template) if m["kind"] in ("Role", "RoleBinding", "ClusterRoleBinding")]

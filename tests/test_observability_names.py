@@ -8,7 +8,6 @@ the labels the collector adds, from the CloudWatch agent's translator for Contai
 
 from __future__ import annotations
 
-import gzip
 import re
 import sysconfig
 from pathlib import Path
@@ -20,8 +19,9 @@ import yaml
 from cdk_constructs import observability_payloads
 from cdk_constructs.observability_payloads import SCRAPE_FILE, alarm_queries, insights_queries
 from settings.model import Settings, validate
+from tests.support.metric_names import recorded
 from tools import verify_observability
-from tools.verify import Check
+from tools.checks import Check
 from tools.verify_observability import (
     cited,
     cloudwatch_metric_names,
@@ -33,17 +33,11 @@ from tools.verify_observability import (
     scrape_names,
 )
 
-DATA = Path(__file__).resolve().parent / "data"
 # Recorded from the pd case on 2026-12-01 (rehearsal/metric_names.py wrote them; gzip only):
 # node A runs the Ray head and prefill, node B decode.
-RECORDED = (DATA / "observability_scrape_prefill.prom.gz", DATA / "observability_scrape_decode.prom.gz")
 # The installed packages the names are cited from (vLLM 0.26.0, Ray 2.58.0).
 SITE = Path(sysconfig.get_paths()["purelib"])
 SETTINGS = validate(Settings())
-
-
-def recorded() -> list[str]:
-    return [gzip.decompress(path.read_bytes()).decode() for path in RECORDED]
 
 
 def test_every_query_parses_with_a_real_promql_parser() -> None:

@@ -17,9 +17,9 @@ from settings.catalog import (
     KUBERNETES_VERSIONS,
     NVIDIA_DEVICE_PLUGIN,
 )
-from tests import placement
-from tests.cluster import DEVICE_PLUGIN_DAEMONSETS, placed, workloads
 from tests.conftest import PROJECT_CONTEXT, rayservice_from, synth
+from tests.support import placement
+from tests.support.cluster import DEVICE_PLUGIN_DAEMONSETS, placed, workloads
 
 # Tests that synthesize and render per version run in one xdist group: one process caches them.
 pytestmark = pytest.mark.xdist_group("placement")
@@ -237,7 +237,7 @@ BOUNDED = {
 @pytest.mark.parametrize("overrides", list(BOUNDED.values()), ids=list(BOUNDED))
 def test_every_gpu_node_count_from_the_minimum_to_the_maximum_places(overrides: dict[str, Any]) -> None:
     """For every replica count of each side within its bounds, the GPU group at the nodes those replicas
-    need (settings/sizing.py gpu_nodes_for), with the Ray worker groups at those counts: every pod lands
+    need (settings/sizing/root_volume.py gpu_nodes_for), with the Ray worker groups at those counts: every pod lands
     and fits, one Ray worker per GPU node, the sides apart, and the counts cover the group's MinSize to
     MaxSize as the template carries them."""
     template = synth(**overrides)

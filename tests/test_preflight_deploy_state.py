@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from settings import settings_from_cli
-from tests.aws_fakes import FakeAws, client_error
-from tests.test_preflight import (
+from tests.support.aws_fakes import FakeAws, client_error
+from tests.support.preflight_account import (
     GOOD,
     GVT,
     RESERVATION,

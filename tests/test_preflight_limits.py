@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_preflight import GOOD, GVT, STANDARD, account, check, preflight, quotas
+from tests.support.preflight_account import GOOD, GVT, STANDARD, account, check, preflight, quotas
 
 
 @pytest.mark.parametrize(

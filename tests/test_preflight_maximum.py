@@ -3,7 +3,7 @@ nodes Cluster Autoscaler may add, not only the ones the deploy starts with.
 
 The account is tests/test_preflight.py's (4 vCPUs of g5 run; g6.8xlarge has 32 vCPUs), answered in
 AWS's own response shapes. With decode scaling 1 -> 3 the GPU group runs 2 nodes at its minimum and
-4 at its maximum (settings/sizing.py gpu_node_bounds).
+4 at its maximum (settings/sizing/root_volume.py gpu_node_bounds).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from settings import settings_from_cli, sizing
-from tests.aws_fakes import FakeAws
-from tests.test_preflight import (
+from tests.support.aws_fakes import FakeAws
+from tests.support.preflight_account import (
     GOOD,
     GVT,
     RESERVED,

@@ -12,8 +12,19 @@ from typing import Any
 import pytest
 
 from settings import catalog
-from tests.aws_fakes import Answer
-from tests.test_preflight import GOOD, GVT, STANDARD, TYPES, account, check, offerings, preflight, quotas, running
+from tests.support.aws_fakes import Answer
+from tests.support.preflight_account import (
+    GOOD,
+    GVT,
+    STANDARD,
+    TYPES,
+    account,
+    check,
+    offerings,
+    preflight,
+    quotas,
+    running,
+)
 
 P5 = [*GOOD, "gpu_instance_type=p5.48xlarge", "prefill_tensor_parallel_size=8", "decode_tensor_parallel_size=8"]
 P_VCPUS = "P vCPUs"

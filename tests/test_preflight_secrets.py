@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from settings import settings_from_cli
-from tests.aws_fakes import Answer, FakeAws, client_error
 from tests.conftest import ROOT
-from tests.test_preflight import ACCOUNT, CMK, GOOD, account, check, key, preflight
+from tests.support.aws_fakes import Answer, FakeAws, client_error
+from tests.support.preflight_account import ACCOUNT, CMK, GOOD, account, check, key, preflight
 from tools.preflight.base import Result
 from tools.preflight.checks import run
 from tools.preflight.secrets import API_KEY_MIN_LENGTH, KEYS_SHAPE

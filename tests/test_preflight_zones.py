@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from settings import settings_from_cli
-from tests.aws_fakes import Answer, FakeAws
-from tests.test_preflight import (
+from tests.support.aws_fakes import Answer, FakeAws
+from tests.support.preflight_account import (
     ACCOUNT,
     GOOD,
     ROLE,

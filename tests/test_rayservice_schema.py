@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import rayservice_from, shared_file, synth
-from tests.kuberay_schema import validation_errors
+from tests.support.kuberay_schema import validation_errors
 
 CRD = "kuberay-v1.7.0/ray.io_rayservices.yaml"
 

@@ -19,24 +19,9 @@ import yaml
 from rehearsal import native
 from rehearsal.deploy import CPU_DELTAS, cpu_serve_config, kuberay_auth_env, kuberay_headers, product_worker_env
 from tests.conftest import shared_file
+from tests.support.template_paths import differing_paths
 
-
-def _paths(old: Any, new: Any, prefix: str = "") -> set[str]:
-    """Dotted paths where new differs from old; list items are compared element-wise as []."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        found: set[str] = set()
-        for key in set(old) | set(new):
-            where = f"{prefix}.{key}" if prefix else str(key)
-            if key in old and key in new:
-                found |= _paths(old[key], new[key], where)
-            elif isinstance(new.get(key), dict):
-                found |= _paths({}, new[key], where)  # every leaf that was added
-            else:
-                found.add(where)
-        return found
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return {p for a, b in zip(old, new, strict=True) for p in _paths(a, b, f"{prefix}[]")}
-    return set() if old == new else {prefix}
+pytestmark = pytest.mark.private_internals
 
 
 def test_the_rehearsal_changes_exactly_the_documented_cpu_deltas(rayservice: dict[str, Any]) -> None:
@@ -46,7 +31,7 @@ def test_the_rehearsal_changes_exactly_the_documented_cpu_deltas(rayservice: dic
     changed: set[str] = set()
     for before, after in zip(product["applications"], cpu["applications"], strict=True):
         for key in before["args"]:
-            changed |= _paths(before["args"][key], after["args"][key])
+            changed |= differing_paths(before["args"][key], after["args"][key])
         assert {k: v for k, v in before.items() if k != "args"} == {k: v for k, v in after.items() if k != "args"}
     assert changed == set(CPU_DELTAS)
     args = cpu["applications"][0]["args"]
@@ -128,7 +113,7 @@ def test_failure_cases_change_only_the_failure_deltas_which_rays_schema_accepts(
     failing = copy.deepcopy(cpu)
     apply_failure_deltas(failing)
     for (side, before), (_, after) in zip(llm_configs(cpu), llm_configs(failing), strict=True):
-        assert _paths(before, after) == set(FAILURE_DELTAS), side
+        assert differing_paths(before, after) == set(FAILURE_DELTAS), side
         # Ray validates deployment_config with Serve's DeploymentConfig, which ignores a key it does not
         # know: the value must come back out of it.
         validated = DeploymentConfig(**LLMConfig(**after).deployment_config)
@@ -216,7 +201,7 @@ def test_verify_fails_a_prewarm_that_skipped_a_prefill_replica() -> None:
 
     from ray.llm._internal.serve.serving_patterns.prefill_decode import pd_server
 
-    from tools.verify import prewarm_check
+    from tools.verify_judgement import prewarm_check
 
     (fmt,) = re.findall(
         r'"(\[PDDecodeServer\] P replica %d returned empty kv_params; skipping\.)"', inspect.getsource(pd_server)

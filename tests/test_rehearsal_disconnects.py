@@ -12,6 +12,8 @@ import pytest
 from rehearsal import disconnects
 from tests.conftest import require_serve_deps
 
+pytestmark = pytest.mark.private_internals
+
 AUTH = {"Content-Type": "application/json", "Authorization": "Bearer sk-test"}
 
 

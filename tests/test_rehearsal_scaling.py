@@ -2,7 +2,7 @@
 
 The case and the phase themselves run in `make rehearse`; here: that the scaling case changes only
 the documented delays, which Ray's own schema accepts, and that the burst's bound is the one the
-product sized (settings/sizing.py), read from the deployed config as the phase reads it.
+product sized (settings/sizing/), read from the deployed config as the phase reads it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rehearsal.context import Setup
 from rehearsal.deploy import SCALING_DELTAS, apply_scaling_deltas, cpu_serve_config, product_rayservice
 from settings import settings_from, sizing
 from tests.conftest import PROJECT_CONTEXT, require_serve_deps
-from tests.test_rehearsal import _paths
+from tests.support.template_paths import differing_paths
 
 serve = pytest.mark.serve
 
@@ -57,7 +57,7 @@ def test_the_scaling_case_changes_only_serves_delays_which_rays_schema_keeps(sca
     changed = copy.deepcopy(scaling_config)
     apply_scaling_deltas(changed)
     (before,), (after,) = scaling_config["applications"], changed["applications"]
-    assert _paths(before, after) == set(SCALING_DELTAS)
+    assert differing_paths(before, after) == set(SCALING_DELTAS)
     (prefill,) = [d for d in ServeApplicationSchema.model_validate(after).deployments if d.name.startswith("Prefill:")]
     # Serve's AutoscalingConfig, as override_deployment_info builds it: the values must come back out of it.
     validated = AutoscalingConfig(**prefill.autoscaling_config)

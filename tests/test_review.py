@@ -29,7 +29,7 @@ def test_a_serve_setting_change_is_a_small_line_diff() -> None:
     changed = [line for line in difflib.unified_diff(before, after, lineterm="", n=0) if line[:1] in "+-"]
     changed = [line for line in changed if not line.startswith(("+++", "---"))]
     # One line out and one in for each side's max_model_len, and for prefill's step (a whole prompt
-    # per step, settings/sizing.py); and prefill's admission bounds and drain, which sizing derives
+    # per step, settings/sizing/); and prefill's admission bounds and drain, which sizing derives
     # from the step (a smaller activation peak leaves more KV cache) and the longest prefill: nothing
     # else moves.
     assert len(changed) == 14, changed

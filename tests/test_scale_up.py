@@ -9,7 +9,7 @@ running pod (resource_demand_scheduler.py, _update_node_resources_from_runtime):
 declare the accelerator resource can satisfy no engine bundle, and never scales up.
 
 Everything below is Ray's own code on the synthesized RayService: Serve's build of the application
-gives each engine deployment's placement group (tests/test_scaling.py _deployed), KubeRay's autoscaler
+gives each engine deployment's placement group (tests/test_scaling.py deployed_rayservice), KubeRay's autoscaler
 config producer the node types, and Ray's ResourceDemandScheduler the pods to launch.
 """
 
@@ -24,7 +24,9 @@ import serve_config
 from serve_config.checks import kuberay_resources, problems
 from settings import Settings, SettingsError, validate
 from tests.conftest import rayservice_from, require_serve_deps, synth
-from tests.test_scaling import SIDE_RANGES, _deployed, _ray_cluster, _serve_doc
+from tests.support.scaling import SIDE_RANGES, deployed_rayservice, ray_cluster_of, serve_doc_of
+
+pytestmark = pytest.mark.private_internals
 
 serve = pytest.mark.serve
 one_ray = pytest.mark.xdist_group("ray")
@@ -57,7 +59,7 @@ class _RayPods:
 def _engine_placement_groups(doc: dict[str, Any]) -> dict[str, tuple[list[dict[str, float]], str]]:
     """Per side, the bundles and strategy Serve asks each of its replicas' placement groups for."""
     found = {}
-    for name, info in _deployed(_serve_doc(doc)).items():
+    for name, info in deployed_rayservice(serve_doc_of(doc)).items():
         side = {"Prefill:": "prefill", "Decode:": "decode", "LLMServer:": "aggregated"}.get(name.split(":")[0] + ":")
         if side:
             config = info.replica_config
@@ -95,7 +97,7 @@ def _launched(overrides: dict[str, Any], side: str, *, without: str | None = Non
     from ray.llm._internal.serve.core.configs.accelerators import format_ray_accelerator_resource
 
     doc = rayservice_from(synth(**overrides))
-    cluster = copy.deepcopy(_ray_cluster(doc))
+    cluster = copy.deepcopy(ray_cluster_of(doc))
     groups = {"head": HEAD}
     for group in cluster["spec"]["workerGroupSpecs"]:
         if group["groupName"] == without:
@@ -181,7 +183,7 @@ def test_each_gpu_group_declares_its_accelerator_to_both_parsers(overrides: dict
     accelerator = format_ray_accelerator_resource(settings.gpu_instance.ray_accelerator_type)
     assert accelerator.startswith(RESOURCE_CONSTRAINT_PREFIX)
     assert serve_config.accelerator_resource(settings) == accelerator
-    derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(_ray_cluster(doc))
+    derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(ray_cluster_of(doc))
     for group in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         name, raw = group["groupName"], group["rayStartParams"]["resources"]
         expected = {name: 1, accelerator: 1} if name in serve_config.SIDES else {name: 1}

@@ -15,13 +15,15 @@ import serve_config
 from serve_config.checks import kuberay_resources, problems
 from settings import Settings, SettingsError, sizing, validate
 from tests.conftest import PROJECT_CONTEXT, rayservice_from, require_serve_deps, shared_file, synth
-from tests.kuberay_schema import validation_errors
+from tests.support.kuberay_schema import validation_errors
+from tests.support.scaling import RANGE, SIDE_RANGES, deployed_rayservice, ray_cluster_of, serve_doc_of
+
+pytestmark = pytest.mark.private_internals
 
 serve = pytest.mark.serve
 one_ray = pytest.mark.xdist_group("ray")
 CRD = "kuberay-v1.7.0/ray.io_rayservices.yaml"
 
-RANGE: dict[str, Any] = {"decode_max_replicas": 3, "decode_target_ongoing_requests": 8}
 P5: dict[str, Any] = {
     "gpu_instance_type": "p5.48xlarge",
     "model_id": "meta-llama/Llama-3.3-70B-Instruct",
@@ -120,12 +122,6 @@ def test_the_drain_covers_the_longest_generation_and_prefills_kv_lease() -> None
 
 
 # --- The serve config: num_replicas or autoscaling_config, bounded queues, the drain ---------------
-SIDE_RANGES: dict[str, Any] = {
-    **RANGE,
-    "prefill_max_replicas": 2,
-    "prefill_target_ongoing_requests": 2,
-    "request_timeout_seconds": 900,
-}
 
 
 def _args(rayservice: dict[str, Any]) -> dict[str, Any]:
@@ -134,14 +130,9 @@ def _args(rayservice: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def _serve_doc(rayservice: dict[str, Any]) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
-    return doc
-
-
 def _options(rayservice: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The application's `deployments` list by name, with Serve's names shortened to their kind."""
-    (app,) = _serve_doc(rayservice)["applications"]
+    (app,) = serve_doc_of(rayservice)["applications"]
     kinds = {"Prefill:": "prefill", "Decode:": "decode", "LLMServer:": "aggregated"}
     found = {}
     for entry in app["deployments"]:
@@ -159,7 +150,7 @@ def test_on_the_defaults_each_side_is_fixed_with_bounded_queues(rayservice: dict
         assert config["backpressure_config"] == {"status_code": 503, "retry_after_s": 10}
     assert options["decode"]["graceful_shutdown_timeout_s"] == 605
     assert options["prefill"]["graceful_shutdown_wait_loop_s"] >= sizing.PREFILL_KV_LEASE_S
-    assert _serve_doc(rayservice)["http_options"] == {"request_timeout_s": 600}
+    assert serve_doc_of(rayservice)["http_options"] == {"request_timeout_s": 600}
     cluster = rayservice["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is False and "autoscalerOptions" not in cluster
 
@@ -218,17 +209,9 @@ def test_serve_deploy_schema_accepts_every_deployment_config(overrides: dict[str
     require_serve_deps()
     from ray.serve.schema import ServeDeploySchema
 
-    doc = _serve_doc(rayservice_from(synth(**overrides)))
+    doc = serve_doc_of(rayservice_from(synth(**overrides)))
     schema = ServeDeploySchema.model_validate(doc)
     assert schema.http_options.request_timeout_s == doc["http_options"]["request_timeout_s"]
-
-
-def _deployed(doc: dict[str, Any]) -> dict[str, Any]:
-    """What Serve's controller runs for the serve config's one application (tools/serve_controller.py)."""
-    from tools.serve_controller import deployment_infos
-
-    (app,) = doc["applications"]
-    return deployment_infos(app)
 
 
 @serve
@@ -236,7 +219,7 @@ def _deployed(doc: dict[str, Any]) -> dict[str, Any]:
 def test_serve_runs_the_bounds_and_merges_no_1e9_target(local_ray: None) -> None:
     """Ray LLM deep-merges its defaults (target_ongoing_requests 1e9, max_ongoing_requests 1e9) into each
     deployment built without num_replicas; what Serve runs once the `deployments` list is applied is ours."""
-    deployed = _deployed(_serve_doc(rayservice_from(synth(**SIDE_RANGES))))
+    deployed = deployed_rayservice(serve_doc_of(rayservice_from(synth(**SIDE_RANGES))))
     (prefill,) = [i for n, i in deployed.items() if n.startswith("Prefill:")]
     (decode,) = [i for n, i in deployed.items() if n.startswith("Decode:")]
     (ingress,) = [i for n, i in deployed.items() if not n.startswith(("Prefill:", "Decode:"))]
@@ -257,7 +240,7 @@ def test_serve_runs_the_bounds_and_merges_no_1e9_target(local_ray: None) -> None
 @serve
 @one_ray
 def test_serve_keeps_fixed_sizes_fixed(rayservice: dict[str, Any], local_ray: None) -> None:
-    for name, info in _deployed(_serve_doc(rayservice)).items():
+    for name, info in deployed_rayservice(serve_doc_of(rayservice)).items():
         config = info.deployment_config
         assert config.autoscaling_config is None and config.num_replicas == 1, name
         assert config.max_ongoing_requests < 10**6 and config.max_queued_requests > 0, name
@@ -266,7 +249,7 @@ def test_serve_keeps_fixed_sizes_fixed(rayservice: dict[str, Any], local_ray: No
 @serve
 @one_ray
 def test_serve_scales_the_aggregated_deployment(local_ray: None) -> None:
-    deployed = _deployed(_serve_doc(rayservice_from(synth(**SIDE_RANGES, serving_mode="aggregated"))))
+    deployed = deployed_rayservice(serve_doc_of(rayservice_from(synth(**SIDE_RANGES, serving_mode="aggregated"))))
     (engine,) = [i for i in deployed.values() if i.replica_config.placement_group_bundles]
     scaling = engine.deployment_config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (2, 5, 8)
@@ -291,7 +274,7 @@ def test_a_changed_bound_keeps_every_deployments_code_version(change: dict[str, 
     from ray.serve.schema import ServeApplicationSchema
 
     def version(overrides: dict[str, Any]) -> str:
-        (app,) = _serve_doc(rayservice_from(synth(**overrides)))["applications"]
+        (app,) = serve_doc_of(rayservice_from(synth(**overrides)))["applications"]
         return str(get_app_code_version(ServeApplicationSchema.model_validate(app)))
 
     assert version(SIDE_RANGES) == version({**SIDE_RANGES, **change})
@@ -305,17 +288,14 @@ def test_turning_a_range_off_in_place_leaves_no_autoscaling_behind(local_ray: No
     from ray.serve._private.application_state import override_deployment_info
     from ray.serve.schema import ServeApplicationSchema
 
-    ranged = _deployed(_serve_doc(rayservice_from(synth(**SIDE_RANGES))))
-    (fixed,) = _serve_doc(rayservice_from(synth(decode_replicas=2)))["applications"]
+    ranged = deployed_rayservice(serve_doc_of(rayservice_from(synth(**SIDE_RANGES))))
+    (fixed,) = serve_doc_of(rayservice_from(synth(decode_replicas=2)))["applications"]
     again = override_deployment_info(ranged, ServeApplicationSchema.model_validate(fixed))
     (decode,) = [i for n, i in again.items() if n.startswith("Decode:")]
     assert decode.deployment_config.autoscaling_config is None and decode.deployment_config.num_replicas == 2
 
 
 # --- The Ray cluster: the in-tree autoscaler, its groups, both parsers, the hash -------------------
-def _ray_cluster(rayservice: dict[str, Any]) -> dict[str, Any]:
-    """The RayCluster KubeRay makes for the RayService: its rayClusterConfig as the spec."""
-    return {"metadata": {"name": "pd-llm-abcde", "namespace": "llm"}, "spec": rayservice["spec"]["rayClusterConfig"]}
 
 
 def test_a_range_turns_on_the_in_tree_autoscaler_with_each_groups_bounds() -> None:
@@ -345,7 +325,7 @@ def test_rays_autoscaler_reads_each_groups_resource_and_bounds(overrides: dict[s
         expected = {name: 1, "accelerator_type:L4": 1} if name in serve_config.SIDES else {name: 1}
         assert autoscaling_config._get_custom_resources(group.get("resources", {}), params, name) == expected
         assert kuberay_resources(params["resources"]) == expected
-    derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(_ray_cluster(doc))
+    derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(ray_cluster_of(doc))
     for group in groups:
         node_type = derived["available_node_types"][group["groupName"]]
         assert node_type["resources"][group["groupName"]] == 1
@@ -367,7 +347,7 @@ def test_a_pending_bundle_makes_rays_autoscaler_add_a_worker_of_exactly_its_grou
     from ray.autoscaler._private.resource_demand_scheduler import _resource_based_utilization_scorer, get_nodes_for
 
     doc = rayservice_from(synth(**SIDE_RANGES))
-    derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(_ray_cluster(doc))
+    derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(ray_cluster_of(doc))
     (bundle,) = _args(doc)[f"{side}_config"]["placement_group_config"]["bundles"]
     summary = NodeAvailabilitySummary(node_availabilities={})
 

@@ -17,11 +17,11 @@ import pytest
 
 from serve_config import METRICS_PORT
 from settings.model import ENDPOINT_ACCESS_MODES
-from tests import reachability, security_groups
 from tests.conftest import rayservice_from, resources, synth
-from tests.security_groups import Interface, connects
-from tests.template_graph import depends_on
-from tests.test_reachability import policies_of, private_subnets
+from tests.support import reachability, security_groups
+from tests.support.reachability_cluster import policies_of, private_subnets
+from tests.support.security_groups import Interface, connects
+from tests.support.template_graph import depends_on
 from tools.review import render
 
 API_PORT = 443
@@ -96,7 +96,7 @@ def test_the_collector_reaches_the_api_endpoint_on_443_and_every_ray_pod_on_8080
 
 
 def rayservice_pods(template: dict[str, Any]) -> list[reachability.Peer]:
-    from tests.cluster import workloads
+    from tests.support.cluster import workloads
 
     peers = reachability.pod_peers(workloads(template, "1.36"), private_subnets(template)[0])
     ray = [p for p in peers if p.labels.get("ray.io/is-ray-node") == "yes"]

@@ -24,6 +24,8 @@ from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION
 from tests.conftest import ROOT, require_serve_deps
 
+pytestmark = pytest.mark.private_internals
+
 serve = pytest.mark.serve
 # The tests that start a local Ray share one xdist worker, so only one Ray runs.
 one_ray = pytest.mark.xdist_group("ray")

@@ -14,6 +14,8 @@ from settings.project import STACK_NAME
 from tests.conftest import PROJECT_CONTEXT, pod_identity_policy, rayservice_from, require_serve_deps, synth
 from tools.review import render
 
+pytestmark = pytest.mark.private_internals
+
 # --- model_source as the S3 console copies it (with a trailing slash) --------------------------------
 CONSOLE_S3_URI = "s3://acme-models/approved/qwen3-8b/"
 NORMALISED_S3_URI = "s3://acme-models/approved/qwen3-8b"

@@ -11,6 +11,8 @@ import serve_config
 from settings import Settings
 from tests.conftest import require_serve_deps
 
+pytestmark = pytest.mark.private_internals
+
 serve = pytest.mark.serve
 
 

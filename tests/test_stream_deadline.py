@@ -43,7 +43,7 @@ APPS: dict[str, tuple[dict[str, Any], str, dict[str, str]]] = {
     "defaults": ({}, "/defaults", {}),
 }
 
-pytestmark = [pytest.mark.serve, pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.serve, pytest.mark.xdist_group("ray"), pytest.mark.private_internals]
 
 
 def _free_port() -> int:

@@ -15,8 +15,9 @@ import pytest
 from settings import Settings
 from tests.conftest import ROOT
 from tools import bench, plan
+from tools.checks import Check, nixl_log_findings, table
 from tools.cluster_access import NixlSnapshot, metric_total
-from tools.verify import Check, metrics_check, nixl_log_findings, placement_check, table
+from tools.verify_judgement import metrics_check, placement_check
 
 DATA = Path(__file__).parent / "data"
 
@@ -200,7 +201,7 @@ def test_the_efa_rails_line_is_required_and_tcp_fails_the_default() -> None:
 
 def test_driver_check_against_the_images_cuda() -> None:
     from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
-    from tools.verify import driver_check
+    from tools.checks import driver_check
 
     assert driver_check({"p": "580.159.03\n", "d": "580.159.03"}, IMAGE_MIN_NVIDIA_DRIVER).ok
     old = driver_check({"p": "570.86.15"}, IMAGE_MIN_NVIDIA_DRIVER)
@@ -210,7 +211,7 @@ def test_driver_check_against_the_images_cuda() -> None:
 
 
 def test_counters_are_polled_until_they_grow() -> None:
-    from tools.verify import poll_until_grown
+    from tools.polling import poll_until_grown
 
     readings = iter([NixlSnapshot(4, 0.4, 0), NixlSnapshot(4, 0.4, 0), NixlSnapshot(5, 0.5, 0)])
     slept: list[float] = []
@@ -223,7 +224,7 @@ def test_counters_are_polled_until_they_grow() -> None:
 
 
 def test_prefill_must_have_served() -> None:
-    from tools.verify import prefill_check
+    from tools.verify_judgement import prefill_check
 
     assert prefill_check(100.0, 612.0).ok
     assert not prefill_check(100.0, 100.0).ok
@@ -246,7 +247,7 @@ def test_without_a_cluster_the_tools_end_in_one_line(tmp_path: Path, tool: str) 
 
 
 def test_prefill_tokens_are_polled_until_they_grow() -> None:
-    from tools.verify import grew, poll
+    from tools.polling import grew, poll
 
     readings = iter([None, 1.0, 1.0, 180.0])
     slept: list[float] = []
@@ -344,7 +345,7 @@ def test_bench_labels_the_result_with_the_live_mode() -> None:
 
 
 def test_aggregated_verify_wants_no_nixl_at_all() -> None:
-    from tools.verify import no_nixl_check, served_check
+    from tools.verify_judgement import no_nixl_check, served_check
 
     quiet = 'ray_vllm_prompt_tokens_total{model_name="m"} 12.0\n'
     assert no_nixl_check({"w1": quiet, "w2": quiet}, {"w1": "", "w2": ""}).ok

@@ -14,11 +14,14 @@ import pytest
 
 from settings import Settings
 from tests.conftest import ROOT
-from tests.fake_cluster import KEY, FakeCluster, install
+from tests.support.fake_cluster import KEY, FakeCluster, install
 from tools import verify
+from tools.checks import Check, table
+from tools.polling import EXPORT_INTERVAL_SECONDS, settled
+from tools.verify_judgement import image_checks
 
 
-def _by_name(checks: list[verify.Check]) -> dict[str, verify.Check]:
+def _by_name(checks: list[Check]) -> dict[str, Check]:
     return {c.name: c for c in checks}
 
 
@@ -26,7 +29,7 @@ def _by_name(checks: list[verify.Check]) -> dict[str, verify.Check]:
 def test_a_healthy_stack_passes_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
     install(monkeypatch, FakeCluster())
     checks = _by_name(verify.run_checks(Settings()))
-    assert all(c.ok for c in checks.values()), verify.table(list(checks.values()))
+    assert all(c.ok for c in checks.values()), table(list(checks.values()))
     for name in ("decode pulled KV over NIXL", "prefill served the request", "NIXL LIBFABRIC backend, no fallback"):
         assert name in checks
 
@@ -71,7 +74,7 @@ def test_a_late_prewarm_export_is_not_taken_for_growth(monkeypatch: pytest.Monke
     assert "1 -> 1" in checks["decode pulled KV over NIXL"].detail
     assert not checks["prefill served the request"].ok
     # It waited for a still export: at least one export interval plus margin after the pre-warm landed.
-    assert cluster.now >= 5 + verify.EXPORT_INTERVAL_SECONDS
+    assert cluster.now >= 5 + EXPORT_INTERVAL_SECONDS
 
 
 def test_settled_waits_out_an_export_interval() -> None:
@@ -84,7 +87,7 @@ def test_settled_waits_out_an_export_interval() -> None:
     def sleep(seconds: float) -> None:
         clock[0] += seconds
 
-    assert verify.settled(read, sleep=sleep) == 1
+    assert settled(read, sleep=sleep) == 1
     assert clock[0] == pytest.approx(4.0 + 12.0)  # still for 12 s after the last change
 
 
@@ -109,13 +112,13 @@ def test_with_keys_on_verify_sends_the_secrets_key_and_wants_401_without(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     cluster = install(monkeypatch, FakeCluster(require_key=True))
     checks = _by_name(verify.run_checks(_keyed(Settings())))
-    assert all(c.ok for c in checks.values()), verify.table(list(checks.values()))
+    assert all(c.ok for c in checks.values()), table(list(checks.values()))
     assert checks["a request without a key is refused"].detail == "HTTP 401 (expected 401)"
     assert [a for a in cluster.calls if a[:2] == ("get", "secret")] == [
         ("get", "secret", "-n", Settings().serving_namespace, "endpoint-api-keys", "-o", "jsonpath={.data.keys\\.json}")
     ]
     assert KEY in cluster.sent_keys and None in cluster.sent_keys
-    assert KEY not in verify.table(list(checks.values()))
+    assert KEY not in table(list(checks.values()))
 
 
 def test_an_endpoint_that_serves_without_a_key_fails(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,7 +164,7 @@ GOOD = '{"versions": {"ray": "2.58.0", "vllm": "0.26.0", "nixl": "1.3.1"}, "plug
 
 
 def test_a_good_image_is_one_pass_row() -> None:
-    (check,) = verify.image_checks(GOOD, pod="w", s3=False)
+    (check,) = image_checks(GOOD, pod="w", s3=False)
     assert check.ok and "nixl 1.3.1" in check.detail
 
 
@@ -183,14 +186,14 @@ def test_a_good_image_is_one_pass_row() -> None:
     ids=["nixl-version", "no-vllm", "no-hwloc", "two-libs", "no-plugin", "no-boto3", "no-answer"],
 )
 def test_each_missing_piece_is_one_fail_row_naming_it(output: str, s3: bool, failing: list[str]) -> None:
-    checks = verify.image_checks(output, pod="w", s3=s3)
+    checks = image_checks(output, pod="w", s3=s3)
     assert [c.name for c in checks] == failing
     assert not any(c.ok for c in checks)
 
 
 def test_boto3_is_judged_only_with_an_s3_source() -> None:
-    assert verify.image_checks(GOOD[:-1] + ', "boto3": "ok"}', pod="w", s3=True)[0].ok
-    assert not verify.image_checks(GOOD, pod="w", s3=True)[0].ok  # asked for and not answered
+    assert image_checks(GOOD[:-1] + ', "boto3": "ok"}', pod="w", s3=True)[0].ok
+    assert not image_checks(GOOD, pod="w", s3=True)[0].ok  # asked for and not answered
 
 
 def test_the_probe_runs_for_real_on_this_machines_venv() -> None:
@@ -200,7 +203,7 @@ def test_the_probe_runs_for_real_on_this_machines_venv() -> None:
     local = command[command.index("--") + 1 :]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     output = subprocess.run(local, capture_output=True, text=True, timeout=300, check=True, cwd=ROOT, env=env).stdout
-    checks = verify.image_checks(output, pod="here", s3=True)
+    checks = image_checks(output, pod="here", s3=True)
     names = [c.name for c in checks]
     assert not any(n.startswith(("image: ray", "image: vllm", "image: nixl", "image: boto3")) for n in names), names
     assert "image: NIXL LIBFABRIC plugin" not in names

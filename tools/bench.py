@@ -340,7 +340,7 @@ def sweep(
     out: Path,
     serving_mode: str | None = None,
 ) -> list[dict[str, Any]]:
-    from tools.verify import settled
+    from tools.polling import settled
 
     groups = worker_pods(settings)
     # Decode decodes in P/D mode; in aggregated mode every replica does both.

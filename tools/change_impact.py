@@ -13,7 +13,7 @@ The class is the most disruptive of: in place; replicas restarted; a new Ray clu
 - Nodes: a managed node group rolls its nodes on a new launch template version, ReleaseVersion or
   Version; the properties CloudFormation changes without replacement are otherwise applied in place.
 
-The times come from settings/sizing.py, for the settings given (as `cdk synth -c ...` reads them).
+The times come from settings/sizing/, for the settings given (as `cdk synth -c ...` reads them).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 GPU node, for the settings: `python -m tools.plan [-c key=value ...]`.
 
 The first table is the one `cdk synth` prints; settings as on the cdk command line
-(including -c settings_file=path). Every number comes from settings/ (sizing.py, estimates.py).
+(including -c settings_file=path). Every number comes from settings/ (sizing/, estimates.py).
 """
 
 from __future__ import annotations

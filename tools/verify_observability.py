@@ -197,7 +197,7 @@ def panel_checks(
 
     promql: the queries are PromQL (else CloudWatch Metrics Insights, asked as they are).
     sleep: None is time.sleep, looked up when called (as verify's own waits do)."""
-    from tools.verify import Check
+    from tools.checks import Check
 
     exempt: set[str] = set()
     if promql:
@@ -278,7 +278,7 @@ def live_checks(
     The Grafana panels from the stack's Prometheus workspace, the CloudWatch dashboard's from
     Container Insights (the agent reports once a minute). Aggregated mode has no NIXL: its KV
     panels are not asked for."""
-    from tools.verify import Check
+    from tools.checks import Check
 
     if not s.observability:
         return []

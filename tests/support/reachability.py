@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.placement import Workload, expression_matches
+from tests.support.placement import Workload, expression_matches
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from settings.catalog import EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
-from tests import placement
 from tests.conftest import manifests, rayservice_from, synth
-from tests.helm import rendered_releases
+from tests.support import placement
+from tests.support.helm import rendered_releases
 
 # The DaemonSet of each device plugin release: its resource exists on a node only where it runs.
 DEVICE_PLUGIN_DAEMONSETS = {

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 EXPORT_S = 10.0
 # Ray's export ticks fall at 5 s, 15 s, ... of verify's clock: not in step with it.
 EXPORT_PHASE_S = 5.0

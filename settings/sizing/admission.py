@@ -1,0 +1,83 @@
+"""Sizing: admission, backpressure and draining."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from settings.sizing.calibration import PREFILL_MFU_RANGE
+from settings.sizing.memory import kv_cache_tokens, prefill_seconds, vllm_default_max_num_seqs
+
+if TYPE_CHECKING:
+    from settings.model import Settings
+
+# kv_lease_duration).
+PREFILL_KV_LEASE_S = 30
+# Serve drops a stopping replica from its callers' routers through a long poll; the replicas
+# still routed to in that window get a request or two more (an allowance, unmeasured).
+ROUTER_UPDATE_ALLOWANCE_S = 5
+
+
+def _engine_side(side: str) -> str:
+    """The memory plan an engine follows: an aggregated engine steps like decode."""
+    return "prefill" if side == "prefill" else "decode"
+
+
+def max_ongoing_requests(s: Settings, side: str) -> int:
+    """Requests one engine replica ('prefill', 'decode' or 'aggregated') takes at once: as many
+    typical_request_tokens sequences as its KV cache holds, at most vLLM's max_num_seqs, at least one.
+
+    More would wait inside vLLM, out of Serve's sight: they would count as ongoing, so neither
+    Serve's queue bound nor its 503 would ever meet them, and a burst would wait there unbounded.
+    """
+    fits = kv_cache_tokens(s, _engine_side(side)) // s.typical_request_tokens
+    return max(1, min(vllm_default_max_num_seqs(s), fits))
+
+
+def max_queued_requests(s: Settings, side: str) -> int:
+    """Requests each caller holds for a side beyond what its replicas take: one replica's worth, so a
+    queued request waits for about one request's duration at most before a slot frees."""
+    return max_ongoing_requests(s, side)
+
+
+def engine_admits(s: Settings, side: str) -> int:
+    """Requests a side takes at its maximum, running and queued at one caller."""
+    return max_ongoing_requests(s, side) * s.side_max_replicas(_engine_side(side)) + max_queued_requests(s, side)
+
+
+def aggregated_max_ongoing(s: Settings) -> int:
+    """Requests aggregated mode's engines take at their maximum, queued at one caller included."""
+    replicas = s.side_max_replicas("prefill") + s.side_max_replicas("decode")
+    return max_ongoing_requests(s, "aggregated") * replicas + max_queued_requests(s, "aggregated")
+
+
+def ingress_max_ongoing_requests(s: Settings) -> int:
+    """The ingress replica takes everything the engines behind it can hold or queue (the client-facing
+    engines: decode, or the aggregated ones), so the bound that refuses a burst is theirs, once."""
+    if s.serving_mode == "aggregated":
+        return aggregated_max_ongoing(s)
+    return engine_admits(s, "decode")
+
+
+def graceful_shutdown(s: Settings, side: str) -> tuple[float, float]:
+    """(graceful_shutdown_wait_loop_s, graceful_shutdown_timeout_s) of a deployment.
+
+    A stopping replica sleeps the wait loop, then checks its ongoing requests, again and again
+    until none are left, and is killed at the timeout (serve/_private/replica.py,
+    _drain_ongoing_requests). Decode, aggregated and the ingress hold a request for its whole
+    generation, which Serve's proxy ends at request_timeout_seconds: the timeout covers that
+    (Serve's 20 s default would cut a long stream). Prefill's requests end at their first token,
+    but the KV they leave behind is leased for PREFILL_KV_LEASE_S: prefill's first sleep covers
+    the lease after the longest prefill that could still be running when it was told to stop, so
+    the KV of every request it answered is read or expired before it exits.
+    """
+    if side != "prefill":
+        return 2.0, float(s.request_timeout_seconds + ROUTER_UPDATE_ALLOWANCE_S)
+    longest = prefill_seconds(s, s.max_model_len, mfu=PREFILL_MFU_RANGE[0])
+    wait = float(math.ceil(PREFILL_KV_LEASE_S + longest + ROUTER_UPDATE_ALLOWANCE_S))
+    # A second loop for a request that arrived in the router update window.
+    return wait, 2 * wait
+
+
+# --- One more replica on a new GPU node: the scale-up budget (README "The cost of a burst") -------
+# Each term is a range in seconds with where it comes from; nothing here was timed on AWS.

@@ -1,0 +1,1 @@
+"""Helper libraries the tests share: none of them is a test module."""
