@@ -37,7 +37,7 @@ def _engine_text(itl_counts: dict[float, int], tpot_counts: dict[float, int], en
     return "\n".join(lines) + "\n"
 
 
-# --- issue 24 item 14: local recompute is flagged, and the staging copies are said -------------
+# --- local recompute is flagged, and the staging copies are said -------------
 def test_a_point_with_fewer_transfers_than_requests_is_flagged(tmp_path: Path) -> None:
     before = NixlSnapshot(10, 1.0, 0)
     short = bench.row(bench.Point(512, 4), RESULT, before, NixlSnapshot(13, 1.3, 0), serving_mode="disaggregated")
@@ -57,7 +57,7 @@ def test_a_point_with_fewer_transfers_than_requests_is_flagged(tmp_path: Path) -
     assert written[0]["requests_without_transfer"] == "1"
 
 
-# --- issue 24 item 19: the engine's inter-token latency, not Ray's stream batches --------------
+# --- the engine's inter-token latency, not Ray's stream batches --------------
 def test_histogram_quantile_interpolates_as_prometheus_does() -> None:
     h = Histogram(((0.01, 10.0), (0.025, 30.0), (0.05, 40.0), (float("inf"), 40.0)), 0.8, 40.0)
     assert h.quantile(0.5) == pytest.approx(0.01 + 0.015 * (20 - 10) / 20)  # rank 20 in (0.01, 0.025]
@@ -105,7 +105,7 @@ def test_bench_asks_vllm_for_per_request_tpot() -> None:
     assert command[command.index("--percentile-metrics") + 1].split(",") == ["ttft", "tpot", "itl", "e2el"]
 
 
-# --- issue 22 item 6: the endpoint key reaches vLLM's bench, never its command line -------------
+# --- the endpoint key reaches vLLM's bench, never its command line -------------
 def test_the_key_reaches_vllms_own_request_headers(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.benchmarks.lib import endpoint_request_func
 

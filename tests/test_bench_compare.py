@@ -52,7 +52,7 @@ def _mix(good: int, slow: int) -> list[float]:
     return [GOOD_TTFT] * good + [SLOW_TTFT] * slow
 
 
-# --- issue 24 item 20: noise is not a verdict ---------------------------------------------------
+# --- noise is not a verdict ---------------------------------------------------
 def test_two_noisy_runs_of_the_same_thing_no_longer_give_opposite_verdicts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -109,7 +109,7 @@ def test_tpot_counts_tokens_not_streamed_messages() -> None:
     assert requests is not None and requests.tpot[0] == pytest.approx(0.04)
 
 
-# --- issue 24 item 25: the margin is honoured -----------------------------------------------------
+# --- the margin is honoured -----------------------------------------------------
 @pytest.mark.parametrize(
     ("b_duration", "expected"),
     [

@@ -1,4 +1,4 @@
-"""Deploy-day defects found by reading the sources (issue 10): each test failed on the main before the fix."""
+"""Deploy-day defects found by reading the sources: each test failed on the main before the fix."""
 
 from __future__ import annotations
 

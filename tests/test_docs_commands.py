@@ -9,10 +9,13 @@ them (a synth writes cdk.out/), with no AWS credentials in their environment.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +24,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+
+# The blocks run the CDK CLI into the one cdk.out/ as a user would, and the CLI refuses a second
+# synth into a folder another is writing: the blocks take turns, whichever xdist worker runs them
+# (pytest-xdist 3.8's xdist_group does not group under pytest 9.2, whose nodes have no _nodeid).
+TURNS = Path(tempfile.gettempdir()) / f"docs-commands-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}.lock"
 
 # A synth takes about a minute on two busy cores; plan and preflight a few seconds.
 BLOCK_TIMEOUT_S = 300
@@ -62,6 +70,12 @@ def offline_env() -> dict[str, str]:
 
 def run(page: str, name: str) -> Run:
     text = blocks(ROOT / page)[name]
+    with TURNS.open("w") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        return _run_alone(text)
+
+
+def _run_alone(text: str) -> Run:
     start = time.monotonic()
     try:
         done = subprocess.run(

@@ -140,7 +140,7 @@ def test_the_verdict_shows_what_pd_buys_and_rests_on_no_unsourced_budget() -> No
     assert "budget" not in table
 
 
-# --- issue 19: the cost range and the scale-up budget -----------------------------------------------
+# --- the cost range and the scale-up budget -----------------------------------------------
 def _range() -> Settings:
     return Settings(decode_max_replicas=3, decode_target_ongoing_requests=8.0)
 

@@ -1,4 +1,4 @@
-"""Bigger instances (issue 21): every GPU and every EFA card in use, tensor parallelism per side.
+"""Bigger instances: every GPU and every EFA card in use, tensor parallelism per side.
 
 Three configurations are synthesized: g6.8xlarge on today's defaults, g6e.12xlarge with TP 4
 and a 70B model (it needs the four L40S), p5.48xlarge with a 70B model and a TP pair that

@@ -1,4 +1,4 @@
-"""What the pinned NIXL wheel carries, behind the README's reason for LIBFABRIC (issue 24 item 18).
+"""What the pinned NIXL wheel carries, behind the README's reason for LIBFABRIC.
 
 The image runs CUDA 13, so NIXL's nixl-cu13 build. It bundles its own UCX, and that UCX
 has an EFA transport: UCX over EFA is not simply "TCP". The transport links the

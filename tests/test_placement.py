@@ -198,7 +198,7 @@ def test_every_affinity_operator(expression: dict[str, Any], labels: dict[str, s
     assert placement.required_affinity_matches(spec, labels) is matches
 
 
-# --- issue 20: the CloudWatch observability add-on's pods ---------------------------------------
+# --- the CloudWatch observability add-on's pods ---------------------------------------
 ADDON_DAEMONSETS = ("DaemonSet/cloudwatch-agent", "DaemonSet/fluent-bit")
 
 
@@ -221,7 +221,7 @@ def test_observability_off_runs_none_of_the_addons_pods() -> None:
     assert not any(name in result.placed for name in (*ADDON_DAEMONSETS, "DaemonSet/dcgm-exporter"))
 
 
-# --- issue 19: every GPU node count from the group's minimum to its maximum ------------------------
+# --- every GPU node count from the group's minimum to its maximum ------------------------
 BOUNDED = {
     "decode-1-to-3": {"decode_max_replicas": 3, "decode_target_ongoing_requests": 8},
     "both-sides-everything": {

@@ -1,4 +1,4 @@
-"""preflight against the GPU group's maximum (issue 19): quotas and the reservation must hold the
+"""preflight against the GPU group's maximum: quotas and the reservation must hold the
 nodes Cluster Autoscaler may add, not only the ones the deploy starts with.
 
 The account is tests/test_preflight.py's (4 vCPUs of g5 run; g6.8xlarge has 32 vCPUs), answered in

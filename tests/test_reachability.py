@@ -174,7 +174,7 @@ def test_peer_and_port_semantics() -> None:
     assert admits([], outside, pod, 1)
 
 
-# --- issue 20: what reaches the Ray pods' metrics port (8080) ------------------------------------
+# --- what reaches the Ray pods' metrics port (8080) ------------------------------------
 def test_the_collector_reaches_every_ray_pods_metrics_port() -> None:
     policies, peers, subnets = cluster()
     # The managed collector's ENIs sit in the private subnets (cdk_constructs/observability.py).

@@ -100,7 +100,7 @@ def test_a_libfabric_source_with_another_digest_is_refused(tmp_path: Path) -> No
     assert not (tmp_path / "out").exists()
 
 
-# --- issue 24 item 10: a failure case ends at DEPLOY_FAILED, and the endpoint serves no chat ----------
+# --- a failure case ends at DEPLOY_FAILED, and the endpoint serves no chat ----------
 def test_failure_cases_change_only_the_failure_deltas_which_rays_schema_accepts(rayservice: dict[str, Any]) -> None:
     import copy
 
@@ -144,7 +144,7 @@ def test_a_failure_case_passes_only_with_the_app_failed_and_no_chat_served(name:
     assert not re.search(case.failure, served)
 
 
-# --- issue 24 item 12: a failed decode start is retried within a budget -------------------------
+# --- a failed decode start is retried within a budget -------------------------
 RETRY_BUDGET = 10
 
 
@@ -181,7 +181,7 @@ def test_serve_retries_a_failed_decode_start_ten_times_by_rays_own_rule(
                 assert threshold >= RETRY_BUDGET, (side, replicas, threshold)
 
 
-# --- issue 24 item 11: what the pre-warm moves, and verify catching a skipped prefill replica ---------
+# --- what the pre-warm moves, and verify catching a skipped prefill replica ---------
 
 
 def test_the_prewarm_is_one_prompt_token_so_one_transfer_per_prefill_replica() -> None:

@@ -1,4 +1,4 @@
-"""The rehearsal's bad requests (issue 23 item 6): the set the issue names, and what counts as OpenAI's error shape."""
+"""The rehearsal's bad requests: the set it sends, and what counts as OpenAI's error shape."""
 
 from __future__ import annotations
 

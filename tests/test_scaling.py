@@ -1,4 +1,4 @@
-"""Scaling (issue 19 items 1-4, 6): replica bounds and targets, queue bounds, the drain, the in-tree autoscaler.
+"""Scaling: replica bounds and targets, queue bounds, the drain, the in-tree autoscaler.
 
 Each check runs on the real artifact: the settings validation, the serve config as
 synthesized, Ray Serve's own schema and Ray's own autoscaler parser.

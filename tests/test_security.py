@@ -1,4 +1,4 @@
-"""Security invariants of issue 5, asserted on the synthesized template."""
+"""Security invariants, asserted on the synthesized template."""
 
 from __future__ import annotations
 

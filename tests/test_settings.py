@@ -19,7 +19,7 @@ from tests.conftest import PROJECT_CONTEXT, ROOT
 BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
     ({"gpu_instnce_type": "g6.8xlarge"}, "gpu_instnce_type", "did you mean 'gpu_instance_type'?"),
     ({"zzz": "1"}, "zzz", "settings are ["),
-    # Multi-GPU types at tensor parallel size 1 (issue 21): a pod per GPU, but one EFA device for
+    # Multi-GPU types at tensor parallel size 1: a pod per GPU, but one EFA device for
     # four GPUs on the G types and four for eight on p4d; on p5 one replica leaves 7 GPUs idle.
     ({"gpu_instance_type": "g6.12xlarge"}, "prefill_tensor_parallel_size", "1 EFA device(s) for 4 GPUs"),
     ({"gpu_instance_type": "g6e.12xlarge"}, "prefill_tensor_parallel_size", "use one of [4]"),

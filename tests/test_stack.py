@@ -1,4 +1,4 @@
-"""The synthesized template holds everything issue 2 asks for."""
+"""The synthesized template holds every piece the product promises: VPC, cluster, node groups, add-ons, RayService."""
 
 from __future__ import annotations
 

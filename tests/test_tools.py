@@ -185,7 +185,7 @@ def test_default_settings_object_is_what_tools_load() -> None:
     assert settings_from_cli([]) == Settings()
 
 
-# --- issue 10 item 3: the fabric proved positively ------------------------------------
+# --- the fabric proved positively ------------------------------------
 
 
 def test_the_efa_rails_line_is_required_and_tcp_fails_the_default() -> None:
@@ -231,7 +231,7 @@ def test_prefill_must_have_served() -> None:
     assert not prefill_check(None, None).ok
 
 
-# --- issue 10 item 18: no cluster, one line -----------------------------------------------
+# --- no cluster, one line -----------------------------------------------
 
 
 @pytest.mark.parametrize("tool", ["verify", "bench"])

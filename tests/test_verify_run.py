@@ -25,7 +25,7 @@ def _by_name(checks: list[Check]) -> dict[str, Check]:
     return {c.name: c for c in checks}
 
 
-# --- issue 24 item 23: run_checks and main, each mutation caught --------------------------------
+# --- run_checks and main, each mutation caught --------------------------------
 def test_a_healthy_stack_passes_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
     install(monkeypatch, FakeCluster())
     checks = _by_name(verify.run_checks(Settings()))
@@ -64,7 +64,7 @@ def test_main_default_provider_is_efa(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert verify.main(["--provider", "tcp"]) == 0
 
 
-# --- issue 24 item 13: decode's pre-warm, exported late, is not the request's transfer -----------
+# --- decode's pre-warm, exported late, is not the request's transfer -----------
 def test_a_late_prewarm_export_is_not_taken_for_growth(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pre-warm's transfer and prompt tokens land in Ray's export 5 s after verify starts; the
     chat request itself moves no KV and reaches no prefill. Both checks must fail."""
@@ -91,7 +91,7 @@ def test_settled_waits_out_an_export_interval() -> None:
     assert clock[0] == pytest.approx(4.0 + 12.0)  # still for 12 s after the last change
 
 
-# --- issue 22 item 6: only callers with a key ------------------------------------------------------
+# --- only callers with a key ------------------------------------------------------
 def _keyed(settings: Settings, secret: str = "pd-inference/endpoint-api-keys") -> Any:
     """Settings with endpoint_api_keys_secret_name set (a stand-in until the field exists)."""
     if "endpoint_api_keys_secret_name" in {f.name for f in dataclasses.fields(Settings)}:
@@ -159,7 +159,7 @@ def test_the_secrets_first_key_and_errors_that_never_show_one() -> None:
         assert "k1" not in str(err.value)
 
 
-# --- issue 24 item 17: the image -------------------------------------------------------------------
+# --- the image -------------------------------------------------------------------
 GOOD = '{"versions": {"ray": "2.58.0", "vllm": "0.26.0", "nixl": "1.3.1"}, "plugin": "/p", "ldd_not_found": []}'
 
 

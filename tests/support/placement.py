@@ -21,8 +21,8 @@ MIB = 2**20
 
 # --- Nodes ----------------------------------------------------------------------------
 # The kubelet sees a little less memory than the instance's nominal size (the
-# kernel and firmware keep some): ../shared/FACTS.md puts g6.8xlarge's 128 GiB at
-# about 125 GiB. The same share is assumed for every type (an estimate).
+# kernel and firmware keep some): g6.8xlarge's 128 GiB shows as about 125 GiB. The same share
+# is assumed for every type (an estimate).
 MEMORY_SEEN_BY_KUBELET = 125 / 128
 # nodeadm's hard eviction threshold, memory.available<100Mi (amazon-eks-ami nodeadm kubelet config).
 EVICTION_HARD_MEMORY = 100 * MIB
