@@ -58,7 +58,10 @@ def block_after(page: Path, name: str) -> str:
 
 
 def offline_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    # Nor a parent make's variables: under `make test`, a block's `make` would otherwise run as a
+    # sub-make and print "make[1]: Entering directory", which a user's shell never shows.
+    inherited = ("AWS_", "MAKE", "MFLAGS")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
     env.update(
         AWS_EC2_METADATA_DISABLED="true",
         AWS_CONFIG_FILE=os.devnull,
