@@ -19,7 +19,8 @@ SCRAPE_FILES = {"prefill": "metrics_prefill_node.prom", "decode": "metrics_decod
 
 
 def names_check(ctx: Context) -> list[Any]:
-    from settings.model import Settings, validate
+    from settings.model import Settings
+    from settings.rules import validate
     from tools.checks import Check
     from tools.verify_observability import missing_from_scrape, ray_pod_names
 

@@ -9,7 +9,8 @@ from settings.loading import (
     settings_from,
     settings_from_cli,
 )
-from settings.model import SETTING_NAMES, Settings, SettingsError, validate
+from settings.model import SETTING_NAMES, Settings, SettingsError
+from settings.rules import validate
 
 __all__ = [
     "CONTEXT_FILE",

@@ -22,8 +22,9 @@ from typing import Any
 
 import yaml
 
-from settings.model import SETTING_NAMES, Settings, SettingsError, validate
+from settings.model import SETTING_NAMES, Settings, SettingsError
 from settings.project import ROOT as PROJECT_ROOT
+from settings.rules import validate
 
 SETTINGS_FILE_KEY = "settings_file"
 # The CDK's own file of lookup answers; each deployment keeps its own.

@@ -26,7 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cdk_constructs.observability_payloads import RULES_FILE, dashboard, render_rules
 from serve_config.deployments import deployment_name_of
 from settings import catalog
-from settings.model import Settings, validate
+from settings.model import Settings
+from settings.rules import validate
 from tests.conftest import resources, synth
 from tests.support.metric_names import recorded
 

@@ -12,7 +12,8 @@ import yaml
 from cdk_constructs.observability import ADDON_LOG_GROUPS, ADDON_NAME, AGENT_SERVICE_ACCOUNT
 from cdk_constructs.observability_payloads import render_rules
 from serve_config import METRICS_PORT as RAY_METRICS_PORT  # what the Ray pods listen on
-from settings.model import Settings, validate
+from settings.model import Settings
+from settings.rules import validate
 from tests.conftest import only, resources, synth
 
 CLUSTER = "pd-inference"

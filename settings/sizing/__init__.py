@@ -1,7 +1,7 @@
 """Sizing: GPU memory, KV bytes, host staging, the KV transfer, prefill time and chunks, decode capacity,
 and whether splitting prefill from decode is expected to pay.
 
-One home for these numbers: validation (settings/model.py), `plan` and synth
+One home for these numbers: validation (settings/rules/), `plan` and synth
 (settings/estimates.py) and the serve builder (serve_config) read them here, by domain:
 calibration (the public rates), memory (GPU memory and step sizes), root_volume (the GPU node's
 disk and count), transfer (the KV transfer and the verdict), admission (bounds and draining) and

@@ -1,0 +1,45 @@
+"""Every rule a setting must meet, by domain; validate() runs them all once, before any construct is made.
+
+The order is the order a user meets the errors in: the first bad key is the one reported."""
+
+from __future__ import annotations
+
+from settings.model import Settings
+from settings.rules.endpoint import check_endpoint_keys, check_internal_endpoint
+from settings.rules.network import check_network
+from settings.rules.nodes import (
+    check_capacity_block,
+    check_gpu_ami_release,
+    check_gpu_nodes,
+    check_system_nodes,
+    check_tensor_parallel,
+)
+from settings.rules.observability import check_observability
+from settings.rules.serving import (
+    check_backpressure,
+    check_memory_fit,
+    check_model,
+    check_names_and_secrets,
+    check_scaling_bounds,
+)
+
+__all__ = ["validate"]
+
+
+def validate(s: Settings) -> Settings:
+    """Check every setting once. Raises SettingsError naming the first bad key, its value and what is allowed."""
+    check_network(s)
+    check_system_nodes(s)
+    check_gpu_nodes(s)
+    check_model(s)
+    check_scaling_bounds(s)
+    check_tensor_parallel(s)
+    check_capacity_block(s)
+    check_gpu_ami_release(s)
+    check_memory_fit(s)
+    check_names_and_secrets(s)
+    check_internal_endpoint(s)
+    check_endpoint_keys(s)
+    check_observability(s)
+    check_backpressure(s)
+    return s
