@@ -27,7 +27,8 @@ from serve_config import DECODE, EFA_RESOURCE, GPU_RESOURCE, KV_LAYOUT_ENV, PREF
 from serve_config.deployments import options_of
 from settings import Settings, SettingsError, settings_from_cli, sizing
 from settings.catalog import INSTANCE_TYPES, MODELS
-from settings.model import TENSOR_PARALLEL_SIZES, validate
+from settings.model import TENSOR_PARALLEL_SIZES
+from settings.rules import validate
 from tests.conftest import rayservice_from, require_serve_deps, resources, shared_file, synth
 from tests.support import placement
 from tests.support.cluster import placed

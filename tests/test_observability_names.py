@@ -18,7 +18,8 @@ import yaml
 
 from cdk_constructs import observability_payloads
 from cdk_constructs.observability_payloads import SCRAPE_FILE, alarm_queries, insights_queries
-from settings.model import Settings, validate
+from settings.model import Settings
+from settings.rules import validate
 from tests.support.metric_names import recorded
 from tools import verify_observability
 from tools.checks import Check
