@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from settings.loading import settings_from_cli
+from settings.loading import context_with, settings_from
 from settings.model import Settings, SettingsError
 from settings.project import ROOT
 
@@ -19,14 +19,20 @@ USAGE_EXIT = 2
 
 
 def fail(message: str) -> NoReturn:
-    """One line on stderr, exit code 2."""
-    print(message.splitlines()[0] if message else "error", file=sys.stderr)
+    """One line on stderr, worded as `cdk synth` words it, and exit code 2."""
+    print(f"error: {message.splitlines()[0]}" if message else "error", file=sys.stderr)
     raise SystemExit(USAGE_EXIT)
 
 
 def cli_settings(pairs: list[str], root: Path = ROOT) -> Settings:
     """The settings `cdk synth` would read with these `-c` pairs; exits 2 with one line on a bad value."""
+    return cli_context(pairs, root)[1]
+
+
+def cli_context(pairs: list[str], root: Path = ROOT) -> tuple[dict[str, Any], Settings]:
+    """The context `cdk synth` would see with these `-c` pairs, and its settings; exits 2 on a bad value."""
     try:
-        return settings_from_cli(pairs, root)
+        context = context_with(pairs, root)
+        return context, settings_from(context)
     except SettingsError as err:
         fail(str(err))

@@ -649,7 +649,9 @@ def test_without_credentials_it_fails_in_one_line(tmp_path: Path) -> None:
 
 def test_a_bad_setting_fails_before_any_call(capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeAws({})
-    assert main(["-c", "gpu_instance_type=g6.2xlarge"], session=fake) == 1
+    with pytest.raises(SystemExit) as stopped:
+        main(["-c", "gpu_instance_type=g6.2xlarge"], session=fake)
+    assert stopped.value.code == 2
     assert fake.calls == [] and capsys.readouterr().err.startswith("error: setting 'gpu_instance_type'")
 
 

@@ -154,7 +154,9 @@ def test_plan_prints_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "147,456 bytes per prompt token" in out
     assert "Estimated cost" in out
-    assert plan.main(["-c", "gpu_instance_type=nope"]) == 1
+    with pytest.raises(SystemExit) as stopped:
+        plan.main(["-c", "gpu_instance_type=nope"])
+    assert stopped.value.code == 2
 
 
 def test_plan_prints_the_scale_up_budget_term_by_term_and_the_cost_range(capsys: pytest.CaptureFixture[str]) -> None:

@@ -54,7 +54,7 @@ from typing import Any
 from serve_config import DECODE, SERVE_PORT, ingress_service_name
 from serve_config.deployments import NAME_PREFIXES
 from settings import Settings
-from settings.cli import cli_settings
+from settings.cli import USAGE_EXIT, cli_settings
 from tools.cluster_access import (
     ClusterUnreachableError,
     EndpointKeyError,
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = sweep(settings, points, args.output_len, args.prompts_per_run, args.out, metadata["serving_mode"])
     except ClusterUnreachableError as err:
         print(unreachable_message(settings, err), file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     except EndpointKeyError as err:
         print(f"error: no endpoint key: {err}", file=sys.stderr)
         return 1

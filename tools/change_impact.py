@@ -31,7 +31,8 @@ import yaml
 from cdk_constructs.gpu_nodes import GPU_NODE_LABELS
 from serve_config import CLUSTER_CONFIG_LABEL, cluster_config_hash
 from serve_config.deployments import NAME_PREFIXES
-from settings import Settings, settings_from_cli, sizing
+from settings import Settings, sizing
+from settings.cli import cli_settings
 from tools import serve_controller
 from tools.review import render
 
@@ -280,10 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="also write the summary here")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
+    settings = cli_settings(args.context)
     old, new = (json.loads(p.read_text()) for p in (args.deployed, args.proposed))
-    text = markdown(
-        classify(old, new, destructive_changes(args.deployed, args.proposed)), settings_from_cli(args.context)
-    )
+    text = markdown(classify(old, new, destructive_changes(args.deployed, args.proposed)), settings)
     print(text, end="")
     if args.markdown:
         args.markdown.write_text(text)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from settings import SettingsError, settings_from_cli
+from settings.cli import cli_settings
 from settings.estimates import cost_summary, plan_table, scale_up_table
 
 
@@ -20,11 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    try:
-        settings = settings_from_cli(args.context)
-    except SettingsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    settings = cli_settings(args.context)
     print(plan_table(settings))
     print(f"Estimated cost: {cost_summary(settings)}")
     print(scale_up_table(settings))

@@ -32,7 +32,7 @@ from pathlib import Path
 from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, ingress_service_name, worker_resources
 from settings import Settings
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
-from settings.cli import cli_settings
+from settings.cli import USAGE_EXIT, cli_settings
 from tools import image_probe, verify_observability
 from tools.checks import DEFAULT_PROVIDER, Check, driver_check, nixl_log_findings, table
 from tools.cluster_access import (
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         checks += verify_observability.live_checks(settings)
     except ClusterUnreachableError as err:
         print(unreachable_message(settings, err), file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     print(table(checks))
     return 0 if all(c.ok for c in checks) else 1
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from settings import CONTEXT_FILE, SettingsError, context_with, settings_from
+from settings import CONTEXT_FILE
+from settings.cli import USAGE_EXIT, cli_context
 from settings.project import ROOT as PROJECT_ROOT
 from tools.preflight.base import CannotCheckError, Result, Session, first_line
 from tools.preflight.checks import run
@@ -58,12 +59,7 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="also write the table as Markdown to this file")
     parser.add_argument("--root", type=Path, default=PROJECT_ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    try:
-        context = context_with(args.context, args.root)
-        settings = settings_from(context)
-    except SettingsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    context, settings = cli_context(args.context, args.root)
     if session is None:
         import boto3
 
@@ -73,7 +69,7 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
         account, results = run(settings, session, context)
     except CannotCheckError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     print(table(results))
     if args.markdown:
         args.markdown.write_text(markdown(results), encoding="utf-8")
