@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from settings import catalog
 from settings.model import ENDPOINT_ACCESS_MODES, SERVING_MODES, TENSOR_PARALLEL_SIZES
+from settings.rules.bounds import span
 from settings.sizing import (
     GPU_ROOT_MAX_GIB,
     GPU_ROOT_MIN_GIB_WITH_INSTANCE_STORE,
@@ -98,7 +99,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "system_volume_gib": SettingDoc(
         "system node root volume, 100 GiB or more: the Ray head runs the ~20 GB CUDA image, and an upgrade pulls a second copy",
-        "100 to 16384",
+        span("system_volume_gib"),
     ),
     "gpu_instance_type": SettingDoc(
         'a type with GPUs and EFA (`settings/catalog.py` `INSTANCE_TYPES`; see "Bigger instances"); with several GPUs per node, set the tensor-parallel sizes and replicas so that every GPU serves',
@@ -133,7 +134,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "capacity_block_end_warning_hours": SettingDoc(
         "preflight warns when the Capacity Block ends within this many hours (its end terminates the GPU nodes)",
-        "0 to 4368",
+        span("capacity_block_end_warning_hours"),
     ),
     "pod_imds_access": SettingDoc(
         "IMDS hop limit 2 instead of 1 (lets pods reach node credentials)",
@@ -157,21 +158,21 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         f"0.5 to {MAX_GPU_MEMORY_UTILIZATION}, and at least what leaves KV for one `max_model_len` sequence",
     ),
     "prefill_replicas": SettingDoc(
-        'scale each side on its own: engine replicas, one Ray worker pod each (1 to 16; 0 is refused: see "Scaling"); a side\'s nodes are its replicas × GPUs per replica ÷ GPUs per node, and a count that leaves a GPU idle is refused in one line saying what fits',
-        "1 to 16, leaving no GPU of a node idle",
+        'scale each side on its own: engine replicas, one Ray worker pod each (0 is refused: see "Scaling"); a side\'s nodes are its replicas × GPUs per replica ÷ GPUs per node, and a count that leaves a GPU idle is refused in one line saying what fits',
+        f"{span('prefill_replicas')}, leaving no GPU of a node idle",
     ),
     "decode_replicas": SettingDoc(
-        'scale each side on its own: engine replicas, one Ray worker pod each (1 to 16; 0 is refused: see "Scaling"); a side\'s nodes are its replicas × GPUs per replica ÷ GPUs per node, and a count that leaves a GPU idle is refused in one line saying what fits',
-        "1 to 16, leaving no GPU of a node idle",
+        'scale each side on its own: engine replicas, one Ray worker pod each (0 is refused: see "Scaling"); a side\'s nodes are its replicas × GPUs per replica ÷ GPUs per node, and a count that leaves a GPU idle is refused in one line saying what fits',
+        f"{span('decode_replicas')}, leaving no GPU of a node idle",
     ),
     "prefill_max_replicas": SettingDoc(
-        "a side's maximum (1 to 16); above the side's `*_replicas` (then its minimum) the side autoscales: Serve adds replicas, Ray's autoscaler the worker pods (see \"Scaling\"). Below the minimum, or leaving a GPU of the last node idle, is refused in one line",
-        "1 to 16, at least `prefill_replicas`, leaving no GPU of a node idle",
+        "a side's maximum; above the side's `*_replicas` (then its minimum) the side autoscales: Serve adds replicas, Ray's autoscaler the worker pods (see \"Scaling\"). Below the minimum, or leaving a GPU of the last node idle, is refused in one line",
+        f"{span('prefill_max_replicas')}, at least `prefill_replicas`, leaving no GPU of a node idle",
         unset="fixed",
     ),
     "decode_max_replicas": SettingDoc(
-        "a side's maximum (1 to 16); above the side's `*_replicas` (then its minimum) the side autoscales: Serve adds replicas, Ray's autoscaler the worker pods (see \"Scaling\"). Below the minimum, or leaving a GPU of the last node idle, is refused in one line",
-        "1 to 16, at least `decode_replicas`, leaving no GPU of a node idle",
+        "a side's maximum; above the side's `*_replicas` (then its minimum) the side autoscales: Serve adds replicas, Ray's autoscaler the worker pods (see \"Scaling\"). Below the minimum, or leaving a GPU of the last node idle, is refused in one line",
+        f"{span('decode_max_replicas')}, at least `decode_replicas`, leaving no GPU of a node idle",
         unset="fixed",
     ),
     "prefill_target_ongoing_requests": SettingDoc(
@@ -187,16 +188,16 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "64 to `max_model_len`",
     ),
     "backpressure_retry_after_seconds": SettingDoc(
-        "the `Retry-After` sent with the 503 a request gets past a queue bound (1 to 3600)",
-        "1 to 3600",
+        "the `Retry-After` sent with the 503 a request gets past a queue bound",
+        span("backpressure_retry_after_seconds"),
     ),
     "request_timeout_seconds": SettingDoc(
-        "Serve's proxy ends a request, a stream included, after this long: 408 if nothing was sent yet (30 to 86400); decode's and the ingress's drain on scale-down waits this long plus 5 s; the product's ingress ends chats and completions at it too, whatever a client's headers say, with API keys or without. Applied when Serve starts (see \"Scaling\")",
-        "30 to 86400",
+        "Serve's proxy ends a request, a stream included, after this long: 408 if nothing was sent yet; decode's and the ingress's drain on scale-down waits this long plus 5 s; the product's ingress ends chats and completions at it too, whatever a client's headers say, with API keys or without. Applied when Serve starts (see \"Scaling\")",
+        span("request_timeout_seconds"),
     ),
     "ray_worker_idle_timeout_seconds": SettingDoc(
-        "with a range on some side: how long Ray's autoscaler keeps an idle worker pod (KubeRay `idleTimeoutSeconds`, 10 to 86400)",
-        "10 to 86400",
+        "with a range on some side: how long Ray's autoscaler keeps an idle worker pod (KubeRay `idleTimeoutSeconds`)",
+        span("ray_worker_idle_timeout_seconds"),
     ),
     "prefill_tensor_parallel_size": SettingDoc(
         "GPUs per engine replica on each side (vLLM `tensor_parallel_size`): a divisor of the node's GPUs, each pod holding whole EFA devices; the two may differ where vLLM 0.26's NixlConnector allows it (see \"Bigger instances\")",
@@ -247,12 +248,12 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "a KMS key ARN (not an alias); only with `endpoint_api_keys_secret_name`",
     ),
     "endpoint_api_keys_refresh_seconds": SettingDoc(
-        "how often External Secrets re-reads the keys (15 to 86400): the largest term of a rotation's delay",
-        "15 to 86400",
+        "how often External Secrets re-reads the keys: the largest term of a rotation's delay",
+        span("endpoint_api_keys_refresh_seconds"),
     ),
     "endpoint_rate_limit_rpm": SettingDoc(
         "requests per minute per key, counted per ingress replica (one by default): past it, 429 with `Retry-After`; needs the keys",
-        "0 (no limit) to 1000000; above 0 needs `endpoint_api_keys_secret_name`",
+        f"{span('endpoint_rate_limit_rpm')} (0: no limit); above 0 needs `endpoint_api_keys_secret_name`",
     ),
     "endpoint_tls_certificate_arn": SettingDoc(
         "an ACM certificate: the internal NLB listens with TLS on 443 only (needs `internal_endpoint_cidrs`)",
@@ -263,8 +264,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         _BOOL,
     ),
     "observability_scrape_interval_seconds": SettingDoc(
-        "seconds between scrapes of the Ray pods (30 to 300; a managed collector scrapes at most every 30 s)",
-        "30 to 300",
+        "seconds between scrapes of the Ray pods (a managed collector scrapes at most every 30 s)",
+        span("observability_scrape_interval_seconds"),
     ),
     "alarm_email": SettingDoc(
         "an address subscribed to the alarm topic (its owner confirms the subscription by mail)",

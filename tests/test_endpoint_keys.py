@@ -71,7 +71,7 @@ def _pods(template: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         ({"endpoint_api_keys_refresh_seconds": 14}, "endpoint_api_keys_refresh_seconds", "15 to 86400"),
         ({"endpoint_api_keys_refresh_seconds": 86401}, "endpoint_api_keys_refresh_seconds", "15 to 86400"),
-        ({"endpoint_rate_limit_rpm": -1}, "endpoint_rate_limit_rpm", "0 (no limit) to 1000000"),
+        ({"endpoint_rate_limit_rpm": -1}, "endpoint_rate_limit_rpm", "0 to 1000000 requests per minute"),
         ({"endpoint_rate_limit_rpm": 60}, "endpoint_rate_limit_rpm", "unless endpoint_api_keys_secret_name is set"),
         (
             {**NLB, "endpoint_tls_certificate_arn": "arn:aws:acm:us-east-1:1:cert"},

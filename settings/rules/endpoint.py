@@ -6,6 +6,7 @@ import re
 
 from settings.model import Settings
 from settings.rules.base import KMS_KEY_ARN, SECRET_NAME, ipv4_network, require
+from settings.rules.bounds import span, within
 
 _ACM_CERTIFICATE_ARN = re.compile(r"^arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[0-9a-f-]{36}$")
 
@@ -51,16 +52,16 @@ def check_endpoint_keys(s: Settings) -> None:
             "a KMS key ARN, arn:aws:kms:<region>:<account>:key/<key id> (not an alias)",
         )
     require(
-        15 <= s.endpoint_api_keys_refresh_seconds <= 86400,
+        within("endpoint_api_keys_refresh_seconds", s.endpoint_api_keys_refresh_seconds),
         "endpoint_api_keys_refresh_seconds",
         s.endpoint_api_keys_refresh_seconds,
-        "15 to 86400 seconds (how often External Secrets re-reads the keys)",
+        f"{span('endpoint_api_keys_refresh_seconds')} seconds (how often External Secrets re-reads the keys)",
     )
     require(
-        0 <= s.endpoint_rate_limit_rpm <= 1_000_000,
+        within("endpoint_rate_limit_rpm", s.endpoint_rate_limit_rpm),
         "endpoint_rate_limit_rpm",
         s.endpoint_rate_limit_rpm,
-        "0 (no limit) to 1000000 requests per minute per key",
+        f"{span('endpoint_rate_limit_rpm')} requests per minute per key (0: no limit)",
     )
     require(
         s.endpoint_rate_limit_rpm == 0 or s.endpoint_api_keys_secret_name is not None,

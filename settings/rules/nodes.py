@@ -7,6 +7,7 @@ import re
 from settings import catalog
 from settings.model import TENSOR_PARALLEL_SIZES, Settings
 from settings.rules.base import require
+from settings.rules.bounds import span, within
 from settings.sizing import GPU_ROOT_MAX_GIB, gpu_root_volume_floor
 
 _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
@@ -35,10 +36,10 @@ def check_system_nodes(s: Settings) -> None:
         "system_nodes_min <= system_nodes_desired <= system_nodes_max",
     )
     require(
-        100 <= s.system_volume_gib <= 16384,
+        within("system_volume_gib", s.system_volume_gib),
         "system_volume_gib",
         s.system_volume_gib,
-        "100 to 16384 (the ~20 GB serving image twice during an upgrade, plus the operators)",
+        f"{span('system_volume_gib')} (the ~20 GB serving image twice during an upgrade, plus the operators)",
     )
 
 
@@ -106,10 +107,10 @@ def check_capacity_block(s: Settings) -> None:
         "set with gpu_capacity_reservation_id (the Capacity Block's reservation id, cr-...)",
     )
     require(
-        0 <= s.capacity_block_end_warning_hours <= 24 * 182,
+        within("capacity_block_end_warning_hours", s.capacity_block_end_warning_hours),
         "capacity_block_end_warning_hours",
         s.capacity_block_end_warning_hours,
-        "0 to 4368 hours (a Capacity Block lasts at most 182 days)",
+        f"{span('capacity_block_end_warning_hours')} hours (a Capacity Block lasts at most 182 days)",
     )
 
 

@@ -6,6 +6,7 @@ import re
 
 from settings.model import Settings
 from settings.rules.base import require
+from settings.rules.bounds import span, within
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 
@@ -13,10 +14,10 @@ _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 def check_observability(s: Settings) -> None:
     """The collector's interval and the alarm thresholds."""
     require(
-        30 <= s.observability_scrape_interval_seconds <= 300,
+        within("observability_scrape_interval_seconds", s.observability_scrape_interval_seconds),
         "observability_scrape_interval_seconds",
         s.observability_scrape_interval_seconds,
-        "30 to 300 seconds (a managed collector scrapes at most every 30 s)",
+        f"{span('observability_scrape_interval_seconds')} seconds (a managed collector scrapes at most every 30 s)",
     )
     if s.alarm_email is not None:
         require(bool(_EMAIL.match(s.alarm_email)), "alarm_email", s.alarm_email, "one e-mail address, name@domain")

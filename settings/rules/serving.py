@@ -8,6 +8,7 @@ import re
 from settings import catalog
 from settings.model import SERVING_MODES, Settings
 from settings.rules.base import KMS_KEY_ARN, SECRET_NAME, require
+from settings.rules.bounds import span, within
 from settings.sizing import (
     MAX_GPU_MEMORY_UTILIZATION,
     gpu_memory_plan,
@@ -56,10 +57,10 @@ def check_model(s: Settings) -> None:
         # Ray's autoscaler could start a side's first pod (serve_config.group_resources), but the rest
         # of the stack is built for a running replica per side.
         require(
-            1 <= low <= 16,
+            within(key, low),
             key,
             low,
-            "1 to 16 (the side's minimum; never 0: its ReplicasBelowMinimum alert would page through absent() "
+            f"{span(key)} (the side's minimum; never 0: its ReplicasBelowMinimum alert would page through absent() "
             "whenever the side has no replica, and scaling a GPU node group up from 0 nodes is untested)",
         )
     require(s.serving_mode in SERVING_MODES, "serving_mode", s.serving_mode, f"one of {list(SERVING_MODES)}")
@@ -153,7 +154,9 @@ def check_scaling_bounds(s: Settings) -> None:
         low, high = s.side_replicas(side), s.prefill_max_replicas if side == "prefill" else s.decode_max_replicas
         key = f"{side}_max_replicas"
         if high is not None:
-            require(1 <= high <= 16, key, high, f"1 to 16, at least {side}_replicas (None: fixed at {side}_replicas)")
+            require(
+                within(key, high), key, high, f"{span(key)}, at least {side}_replicas (None: fixed at {side}_replicas)"
+            )
             require(high >= low, key, high, f"at least {side}_replicas = {low} (the side's minimum)")
         target = s.side_target_ongoing_requests(side)
         target_key = f"{side}_target_ongoing_requests"
@@ -194,20 +197,21 @@ def check_backpressure(s: Settings) -> None:
             "once requests queue",
         )
     require(
-        1 <= s.backpressure_retry_after_seconds <= 3600,
+        within("backpressure_retry_after_seconds", s.backpressure_retry_after_seconds),
         "backpressure_retry_after_seconds",
         s.backpressure_retry_after_seconds,
-        "1 to 3600 seconds (the Retry-After sent with a 503 past the queue bounds)",
+        f"{span('backpressure_retry_after_seconds')} seconds (the Retry-After sent with a 503 past the queue bounds)",
     )
     require(
-        30 <= s.request_timeout_seconds <= 86400,
+        within("request_timeout_seconds", s.request_timeout_seconds),
         "request_timeout_seconds",
         s.request_timeout_seconds,
-        "30 to 86400 seconds (the longest a request, a whole stream included, may take)",
+        f"{span('request_timeout_seconds')} seconds (the longest a request, a whole stream included, may take)",
     )
     require(
-        10 <= s.ray_worker_idle_timeout_seconds <= 86400,
+        within("ray_worker_idle_timeout_seconds", s.ray_worker_idle_timeout_seconds),
         "ray_worker_idle_timeout_seconds",
         s.ray_worker_idle_timeout_seconds,
-        "10 to 86400 seconds (how long an idle Ray worker pod is kept before Ray's autoscaler removes it)",
+        f"{span('ray_worker_idle_timeout_seconds')} seconds "
+        "(how long an idle Ray worker pod is kept before Ray's autoscaler removes it)",
     )
