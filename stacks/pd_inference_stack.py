@@ -22,7 +22,7 @@ from cdk_constructs.private_endpoint import READINESS_GATE_LABELS, IngressServic
 from cdk_constructs.ray_pods_code import RayPodsCode
 from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
 from cdk_constructs.system_nodes import SystemNodes
-from serve_config import endpoint_keys
+from serve_config import endpoint_keys, pod_templates
 from settings import Settings
 from settings.catalog import CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERAY_OPERATOR
 from settings.estimates import PRICE_SOURCE, cost_summary, observability_summary
@@ -102,7 +102,7 @@ class PdInferenceStack(Stack):
             "LlmService",
             cluster=cluster,
             namespace=settings.serving_namespace,
-            rayservice=serve_config.rayservice(
+            rayservice=pod_templates.rayservice(
                 settings,
                 system_node_labels=dict(system_nodes.labels),
                 gpu_node_labels=dict(gpu_nodes.labels),
