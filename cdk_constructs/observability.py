@@ -30,7 +30,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from cdk_constructs.cluster import as_icluster, pod_identity_role
-from cdk_constructs.observability_payloads import alarm_queries, insights_queries, render_rules, render_scrape
+from serve_config.observability_payloads import alarm_queries, insights_queries, render_rules, render_scrape
 from settings import Settings
 
 ADDON_NAME = "amazon-cloudwatch-observability"
