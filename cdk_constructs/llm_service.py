@@ -93,7 +93,7 @@ class LlmService(Construct):
         cluster: the cluster, with KubeRay's CRDs installed before this applies
             (the stack adds that dependency).
         namespace: the namespace to create for the RayService.
-        rayservice: the RayService manifest (serve_config.rayservice()), labelled
+        rayservice: the RayService manifest (serve_config.pod_templates.rayservice()), labelled
             with serve_config.CLUSTER_CONFIG_LABEL, its pod templates too.
         system_node_labels: where the recreate Job runs.
         namespace_labels: labels on the namespace (the load balancer controller's readiness-gate

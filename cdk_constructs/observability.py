@@ -30,8 +30,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from cdk_constructs.cluster import as_icluster, pod_identity_role
-from cdk_constructs.observability_payloads import alarm_queries, insights_queries, render_rules, render_scrape
-from settings import Settings
+from serve_config.observability_payloads import alarm_queries, insights_queries
 
 ADDON_NAME = "amazon-cloudwatch-observability"
 # The add-on's agent service account (aws-observability/helm-charts values.yaml; FACTS "Observability on EKS").
@@ -40,8 +39,6 @@ AGENT_SERVICE_ACCOUNT = "cloudwatch-agent"
 # The groups the add-on writes to: the agent's performance events (EMF) and Fluent Bit's three
 # (application, dataplane, host; chart values.yaml `log_group_name`). Application Signals is off.
 ADDON_LOG_GROUPS = ("application", "dataplane", "host", "performance")
-# What the Ray pods export on (KubeRay's container port `metrics`).
-RAY_METRICS_PORT = 8080
 # The EKS API server's endpoint (private and public alike).
 EKS_API_PORT = 443
 # The Kubernetes user a managed collector acts as (its access entry's username; AMP user guide,
@@ -109,11 +106,21 @@ class Observability(Construct):
     """The add-on, the collector and workspace, the alarms and the dashboard.
 
     Args:
-        settings: thresholds, the scrape interval, the alarm e-mail, names.
-        cluster: the EKS cluster; its security group admits the collector to 8080, and the groups of its
-            API endpoint admit it to 443.
+        cluster: the EKS cluster; its security group admits the collector to the metrics port, and the
+            groups of its API endpoint admit it to 443.
+        cluster_name: the cluster's name as a plain string (cluster.cluster_name is a token): the log
+            groups', workspace's, collector's and dashboard's names and every Insights query carry it.
         vpc: the collector's ENIs go in its private subnets.
         logs_key: encrypts the add-on's log groups.
+        namespace: the serving namespace: the collector lists its pods, the panels and alarms watch them.
+        alert_rules: the workspace's rule groups (serve_config.observability_payloads.render_rules).
+        scrape_configuration: the collector's Prometheus configuration, base64-encoded into the
+            scraper (serve_config.observability_payloads.render_scrape).
+        metrics_port: the port the Ray pods export metrics on, the one the collector is admitted to.
+        alarm_email: an address subscribed to the alarm topic; default None (no subscription).
+        efa_flat_bytes_per_second: EFA receiving less than this on every node is flat; default 10_000.
+        pod_network_kv_bytes_per_second: the serving namespace's pods receiving more than this on the
+            pod network is KV-sized traffic; default 10_000_000. With EFA flat too, KV transfers left EFA.
 
     Attributes:
         addon: the EKS add-on (the stack makes it wait for the node groups).
@@ -121,7 +128,7 @@ class Observability(Construct):
         topic: the alarms' SNS topic.
         dashboard: the CloudWatch dashboard (Container Insights panels).
         scraper_security_group: the collector's ENIs' group.
-        scrape_ingress, api_ingress: the rules that admit that group to the Ray pods' 8080 and to
+        scrape_ingress, api_ingress: the rules that admit that group to the Ray pods' metrics port and to
             the EKS API's 443 (on each group the API endpoint's ENIs carry).
         notifying_alarms: the CloudWatch alarms whose actions publish to the topic; CloudWatch may
             publish for these and no other.
@@ -134,14 +141,20 @@ class Observability(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        settings: Settings,
         cluster: eks.Cluster,
+        cluster_name: str,
         vpc: ec2.IVpc,
         logs_key: kms.IKey,
+        namespace: str,
+        alert_rules: str,
+        scrape_configuration: str,
+        metrics_port: int,
+        alarm_email: str | None = None,
+        efa_flat_bytes_per_second: int = 10_000,
+        pod_network_kv_bytes_per_second: int = 10_000_000,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        s = settings
 
         # --- The add-on and its log groups -------------------------------------------
         # Made before the add-on, so the agent never creates them (with no key and no
@@ -150,7 +163,7 @@ class Observability(Construct):
             logs.LogGroup(
                 self,
                 f"AddonLogs{kind.capitalize()}",
-                log_group_name=addon_log_group_name(s.cluster_name, kind),
+                log_group_name=addon_log_group_name(cluster_name, kind),
                 retention=logs.RetentionDays.ONE_MONTH,
                 removal_policy=RemovalPolicy.DESTROY,
                 encryption_key=logs_key,
@@ -201,19 +214,19 @@ class Observability(Construct):
                 },
             )
         )
-        if s.alarm_email is not None:
-            self.topic.add_subscription(subscriptions.EmailSubscription(s.alarm_email))
+        if alarm_email is not None:
+            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
 
         # --- Managed Prometheus: workspace, rules, alert manager, collector --------------
         self.workspace = aps.CfnWorkspace(
             self,
             "Workspace",
-            alias=f"{s.cluster_name}-metrics",
+            alias=f"{cluster_name}-metrics",
             alert_manager_definition=alert_manager_definition(self.topic.topic_arn, stack.region),
         )
         self.workspace.node.add_dependency(self.topic.node.find_child("Policy"))
         self.rules = aps.CfnRuleGroupsNamespace(
-            self, "Rules", name=f"{s.cluster_name}-alarms", workspace=self.workspace.attr_arn, data=render_rules(s)
+            self, "Rules", name=f"{cluster_name}-alarms", workspace=self.workspace.attr_arn, data=alert_rules
         )
         self.scraper_security_group = ec2.SecurityGroup(
             self,
@@ -231,8 +244,8 @@ class Observability(Construct):
             group_id=cluster.cluster_security_group_id,
             source_security_group_id=self.scraper_security_group.security_group_id,
             ip_protocol="tcp",
-            from_port=RAY_METRICS_PORT,
-            to_port=RAY_METRICS_PORT,
+            from_port=metrics_port,
+            to_port=metrics_port,
             description="Managed Prometheus collector to the Ray pods metrics port",
         )
         # The collector finds its targets through the EKS API, from its own ENIs. The AMP user guide
@@ -259,7 +272,7 @@ class Observability(Construct):
         self.scraper = aps.CfnScraper(
             self,
             "Scraper",
-            alias=f"{s.cluster_name}-ray-pods",
+            alias=f"{cluster_name}-ray-pods",
             source=aps.CfnScraper.SourceProperty(
                 eks_configuration=aps.CfnScraper.EksConfigurationProperty(
                     cluster_arn=cluster.cluster_arn,
@@ -272,20 +285,20 @@ class Observability(Construct):
             ),
             # CloudFormation takes the configuration file base64-encoded (AWS::APS::Scraper ScrapeConfiguration).
             scrape_configuration=aps.CfnScraper.ScrapeConfigurationProperty(
-                configuration_blob=Fn.base64(render_scrape(s, cluster.cluster_arn))
+                configuration_blob=Fn.base64(scrape_configuration)
             ),
         )
         self.scraper.node.add_dependency(self.scrape_ingress, *self.api_ingress)
         # The collector's access entry is EKS's (API authentication mode); what it may read is ours.
         self.collector_rbac = eks.KubernetesManifest(
-            self, "CollectorRbac", cluster=as_icluster(cluster), manifest=collector_rbac(s.serving_namespace)
+            self, "CollectorRbac", cluster=as_icluster(cluster), manifest=collector_rbac(namespace)
         )
 
         # --- CloudWatch: the Container Insights dashboard and alarms ----------------------
         self.dashboard = cloudwatch.Dashboard(
             self,
             "Dashboard",
-            dashboard_name=f"{s.cluster_name}-serving",
+            dashboard_name=f"{cluster_name}-serving",
             default_interval=Duration.hours(3),
         )
         period = Duration.minutes(1)
@@ -296,11 +309,11 @@ class Observability(Construct):
                 width=12,
                 height=6,
             )
-            for title, (metric, query) in insights_queries(s.cluster_name, s.serving_namespace).items()
+            for title, (metric, query) in insights_queries(cluster_name, namespace).items()
         ]
         for i in range(0, len(widgets), 2):
             self.dashboard.add_widgets(*widgets[i : i + 2])
-        queries = alarm_queries(s.cluster_name, s.serving_namespace)
+        queries = alarm_queries(cluster_name, namespace)
         action = cw_actions.SnsAction(self.topic)
 
         def insights(key: str) -> cloudwatch.MathExpression:
@@ -320,9 +333,9 @@ class Observability(Construct):
         self.efa_flat = cloudwatch.Alarm(
             self,
             "EfaFlat",
-            alarm_description=f"EFA receives under {s.alarm_efa_flat_bytes_per_second} bytes/s on every node",
+            alarm_description=f"EFA receives under {efa_flat_bytes_per_second} bytes/s on every node",
             metric=insights("efa-bytes"),
-            threshold=s.alarm_efa_flat_bytes_per_second,
+            threshold=efa_flat_bytes_per_second,
             comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             evaluation_periods=5,
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
@@ -331,11 +344,11 @@ class Observability(Construct):
             self,
             "KvSizedTrafficOnPodNetwork",
             alarm_description=(
-                f"The serving namespace's pods receive over {s.alarm_pod_network_kv_bytes_per_second} bytes/s "
+                f"The serving namespace's pods receive over {pod_network_kv_bytes_per_second} bytes/s "
                 "on the pod network"
             ),
             metric=insights("serving-pod-network"),
-            threshold=s.alarm_pod_network_kv_bytes_per_second,
+            threshold=pod_network_kv_bytes_per_second,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
             evaluation_periods=5,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,

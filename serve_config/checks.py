@@ -10,10 +10,9 @@ from typing import Any
 
 import yaml
 
+from serve_config import SIDES
+
 REQUIRED_BACKENDS = ["LIBFABRIC"]
-# The two sides; each is also the name of its worker group and its custom resource.
-PREFILL, DECODE = "prefill", "decode"
-SIDES: tuple[str, str] = (PREFILL, DECODE)
 
 
 def _kv(config: dict[str, Any]) -> dict[str, Any]:

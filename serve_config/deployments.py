@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve_config.checks import DECODE, PREFILL, SIDES
+from serve_config import DECODE, PREFILL, SIDES
 from serve_config.endpoint_keys import API_KEY_INGRESS
 from settings import Settings, sizing
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import serve_config
+from serve_config.application import ingress_replicas
 from settings import catalog, sizing
 from settings.model import Settings
 
@@ -134,7 +134,7 @@ def scraped_ray_pods(s: Settings) -> dict[str, int]:
     system nodes) and one pod per engine replica of each side."""
     return {
         "head": 1,
-        "ingress": serve_config.ingress_replicas(),
+        "ingress": ingress_replicas(),
         "engine": sum(s.side_replicas(side) for side in sizing.SIDES),
     }
 

@@ -22,7 +22,8 @@ from cdk_constructs.private_endpoint import READINESS_GATE_LABELS, IngressServic
 from cdk_constructs.ray_pods_code import RayPodsCode
 from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
 from cdk_constructs.system_nodes import SystemNodes
-from serve_config import endpoint_keys
+from serve_config import endpoint_keys, pod_templates
+from serve_config.observability_payloads import render_rules, render_scrape
 from settings import Settings
 from settings.catalog import CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERAY_OPERATOR
 from settings.estimates import PRICE_SOURCE, cost_summary, observability_summary
@@ -102,7 +103,7 @@ class PdInferenceStack(Stack):
             "LlmService",
             cluster=cluster,
             namespace=settings.serving_namespace,
-            rayservice=serve_config.rayservice(
+            rayservice=pod_templates.rayservice(
                 settings,
                 system_node_labels=dict(system_nodes.labels),
                 gpu_node_labels=dict(gpu_nodes.labels),
@@ -239,7 +240,19 @@ class PdInferenceStack(Stack):
 
         if settings.observability:
             watch = Observability(
-                self, "Observability", settings=settings, cluster=cluster, vpc=network.vpc, logs_key=logs_key
+                self,
+                "Observability",
+                cluster=cluster,
+                cluster_name=settings.cluster_name,
+                vpc=network.vpc,
+                logs_key=logs_key,
+                namespace=settings.serving_namespace,
+                alert_rules=render_rules(settings),
+                scrape_configuration=render_scrape(settings, cluster.cluster_arn),
+                metrics_port=serve_config.METRICS_PORT,
+                alarm_email=settings.alarm_email,
+                efa_flat_bytes_per_second=settings.alarm_efa_flat_bytes_per_second,
+                pod_network_kv_bytes_per_second=settings.alarm_pod_network_kv_bytes_per_second,
             )
             # Its pods schedule once nodes exist, and Pod Identity hands them the agent's role.
             watch.addon.node.add_dependency(*nodegroups)

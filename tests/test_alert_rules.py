@@ -23,8 +23,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from cdk_constructs.observability_payloads import RULES_FILE, dashboard, render_rules
 from serve_config.deployments import deployment_name_of
+from serve_config.observability_payloads import RULES_FILE, dashboard, render_rules
 from settings import catalog
 from settings.model import Settings
 from settings.rules import validate

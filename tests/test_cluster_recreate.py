@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import serve_config
+from serve_config import pod_templates
 from tests.conftest import manifests, rayservice_from, synth
 from tests.support import kuberay_paths
 from tests.support.kuberay_paths import Cluster
@@ -111,15 +112,15 @@ def test_the_hash_is_not_computed_over_itself(rayservice: dict[str, Any]) -> Non
     import copy
 
     config_hash = rayservice["metadata"]["labels"][serve_config.CLUSTER_CONFIG_LABEL]
-    assert serve_config.cluster_config_hash(rayservice) == config_hash
+    assert pod_templates.cluster_config_hash(rayservice) == config_hash
     relabelled = copy.deepcopy(rayservice)
     cluster = relabelled["spec"]["rayClusterConfig"]
     for template in [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]:
         template["metadata"]["labels"][serve_config.CLUSTER_CONFIG_LABEL] = "anything"
-    assert serve_config.cluster_config_hash(relabelled) == config_hash
+    assert pod_templates.cluster_config_hash(relabelled) == config_hash
     # Anything else in the pod templates does change it.
     cluster["headGroupSpec"]["template"]["metadata"]["labels"]["other"] = "x"
-    assert serve_config.cluster_config_hash(relabelled) != config_hash
+    assert pod_templates.cluster_config_hash(relabelled) != config_hash
 
 
 @pytest.mark.parametrize(

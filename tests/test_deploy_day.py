@@ -8,6 +8,7 @@ from typing import Any
 
 import serve_config
 from cdk_constructs.llm_service import cluster_recreate, ray_pod_labels
+from serve_config import pod_templates
 from settings.catalog import AWS_LOAD_BALANCER_CONTROLLER, EXTERNAL_SECRETS, KUBERAY_OPERATOR
 from tests.conftest import ROOT, helm_releases, manifest_resource, manifests, only, rayservice_from, resources, synth
 from tests.support.helm import rendered_releases
@@ -160,7 +161,7 @@ def test_hand_off_readme_says_the_template_needs_an_s3_bucket(template: dict[str
 def test_a_cluster_spec_change_makes_a_new_recreate_job() -> None:
     base, changed = synth(), synth(gpu_memory_utilization="0.85", max_model_len="4096")
     serve_only = rayservice_from(changed)  # serveConfigV2 changes only: no recreate
-    assert serve_config.cluster_config_hash(rayservice_from(base)) == serve_config.cluster_config_hash(serve_only)
+    assert pod_templates.cluster_config_hash(rayservice_from(base)) == pod_templates.cluster_config_hash(serve_only)
     resized = synth(ray_image="public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0")
 
     def job_name(template: dict[str, Any]) -> str:
@@ -173,7 +174,7 @@ def test_a_cluster_spec_change_makes_a_new_recreate_job() -> None:
 
 def test_recreate_job_deletes_only_a_cluster_and_pods_built_from_another_spec(rayservice: dict[str, Any]) -> None:
     config_hash = rayservice["metadata"]["labels"][serve_config.CLUSTER_CONFIG_LABEL]
-    assert config_hash == serve_config.cluster_config_hash(rayservice)
+    assert config_hash == pod_templates.cluster_config_hash(rayservice)
     docs = cluster_recreate(
         namespace="llm",
         service_name="pd-llm",

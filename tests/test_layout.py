@@ -12,7 +12,6 @@ LIMIT = 400
 
 LONG_MODULES = {
     "settings/catalog.py": "data tables: the pinned versions, charts and instance types, each with its source",
-    "serve_config/__init__.py": "a constants hub plus the serve config builder: to be split (the pod templates)",
     "tools/bench.py": "one CLI: the sweep, its CSV and chart, and the comparison of two sweeps: to be split",
 }
 

@@ -23,8 +23,10 @@ import pytest
 import yaml
 
 from cdk_constructs.gpu_nodes import network_interface_layout
-from serve_config import DECODE, EFA_RESOURCE, GPU_RESOURCE, KV_LAYOUT_ENV, PREFILL, SIDES, worker_resources
+from serve_config import DECODE, EFA_RESOURCE, GPU_RESOURCE, PREFILL, SIDES
+from serve_config.application import KV_LAYOUT_ENV
 from serve_config.deployments import options_of
+from serve_config.pod_templates import worker_resources
 from settings import Settings, SettingsError, settings_from_cli, sizing
 from settings.catalog import INSTANCE_TYPES, MODELS
 from settings.model import TENSOR_PARALLEL_SIZES
@@ -601,7 +603,7 @@ def test_verify_wants_a_rail_on_every_card_a_pod_holds() -> None:
 
 
 def test_bench_labels_its_results_with_each_sides_tensor_parallel_size() -> None:
-    from serve_config import serve_config
+    from serve_config.application import serve_config
     from tools.bench import describe_serve_config
 
     described = describe_serve_config(serve_config(_settings("p5.48xlarge-70b")))

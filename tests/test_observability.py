@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from cdk_constructs.observability import ADDON_LOG_GROUPS, ADDON_NAME, AGENT_SERVICE_ACCOUNT
-from cdk_constructs.observability_payloads import render_rules
 from serve_config import METRICS_PORT as RAY_METRICS_PORT  # what the Ray pods listen on
+from serve_config.observability_payloads import render_rules
 from settings.model import Settings
 from settings.rules import validate
 from tests.conftest import only, resources, synth
@@ -301,7 +301,7 @@ def test_the_collector_may_list_the_serving_namespaces_pods_and_nothing_else() -
 
 
 def test_the_cloudwatch_dashboard_and_alarms_run_the_checked_queries() -> None:
-    from cdk_constructs.observability_payloads import alarm_queries, insights_queries
+    from serve_config.observability_payloads import alarm_queries, insights_queries
 
     template = synth()
     (dashboard,) = resources(template, "AWS::CloudWatch::Dashboard").values()

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cdk_constructs import observability_payloads
-from cdk_constructs.observability_payloads import SCRAPE_FILE, alarm_queries, insights_queries
+from serve_config import observability_payloads
+from serve_config.observability_payloads import SCRAPE_FILE, alarm_queries, insights_queries
 from settings.model import Settings
 from settings.rules import validate
 from tests.support.metric_names import recorded

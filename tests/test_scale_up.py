@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import serve_config
+from serve_config import pod_templates
 from serve_config.checks import kuberay_resources, problems
 from settings import Settings, SettingsError, validate
 from tests.conftest import rayservice_from, require_serve_deps, synth
@@ -182,7 +183,7 @@ def test_each_gpu_group_declares_its_accelerator_to_both_parsers(overrides: dict
     settings = validate(Settings(**overrides))
     accelerator = format_ray_accelerator_resource(settings.gpu_instance.ray_accelerator_type)
     assert accelerator.startswith(RESOURCE_CONSTRAINT_PREFIX)
-    assert serve_config.accelerator_resource(settings) == accelerator
+    assert pod_templates.accelerator_resource(settings) == accelerator
     derived = autoscaling_config._derive_autoscaling_config_from_ray_cr(ray_cluster_of(doc))
     for group in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         name, raw = group["groupName"], group["rayStartParams"]["resources"]

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import serve_config
-from serve_config import deployments
+from serve_config import application, deployments, pod_templates
 from serve_config.checks import kuberay_resources, problems
 from serve_config.deployments import options_of
 from settings import Settings
@@ -69,7 +69,7 @@ def test_each_side_has_nixl_over_libfabric(rayservice: dict[str, Any], side: str
 
 
 def test_gpudirect_instance_keeps_kv_in_gpu_memory() -> None:
-    assert serve_config.kv_buffer_device(Settings(gpu_instance_type="p5.48xlarge", model_id="Qwen/Qwen3-14B")) == "cuda"
+    assert application.kv_buffer_device(Settings(gpu_instance_type="p5.48xlarge", model_id="Qwen/Qwen3-14B")) == "cuda"
 
 
 def test_head_on_system_nodes_without_gpu(rayservice: dict[str, Any]) -> None:
@@ -106,7 +106,7 @@ def test_worker_groups_request_gpu_and_efa_on_gpu_nodes(rayservice: dict[str, An
 
 
 def test_rdma_instance_sets_device_rdma() -> None:
-    doc = serve_config.rayservice(
+    doc = pod_templates.rayservice(
         Settings(gpu_instance_type="p5.48xlarge"),
         system_node_labels={"role": "system"},
         gpu_node_labels={"role": "gpu-worker"},
@@ -117,7 +117,7 @@ def test_rdma_instance_sets_device_rdma() -> None:
 
 
 def test_hf_token_only_as_secret_reference() -> None:
-    doc = serve_config.rayservice(
+    doc = pod_templates.rayservice(
         Settings(hf_token_secret_name="prod/hf-token"),
         system_node_labels={},
         gpu_node_labels={},
@@ -133,7 +133,7 @@ def test_hf_token_only_as_secret_reference() -> None:
 def test_replica_counts_scale_independently() -> None:
     settings = Settings(prefill_replicas=2, decode_replicas=1)
     assert settings.gpu_nodes == 3
-    doc = serve_config.rayservice(settings, system_node_labels={}, gpu_node_labels={}, gpu_toleration={})
+    doc = pod_templates.rayservice(settings, system_node_labels={}, gpu_node_labels={}, gpu_toleration={})
     groups = {g["groupName"]: g for g in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
     assert (groups["prefill"]["replicas"], groups["prefill"]["maxReplicas"]) == (2, 2)
     assert (groups["decode"]["replicas"], groups["decode"]["maxReplicas"]) == (1, 1)
@@ -338,8 +338,8 @@ def test_vllm_rejects_a_misspelled_engine_argument(rayservice: dict[str, Any]) -
 
 
 def test_serve_data_files_are_the_ones_loaded() -> None:
-    here = Path(serve_config.__file__).parent
-    assert yaml.safe_load((here / "pd_application.yaml").read_text()) == serve_config.application_data()
+    here = Path(application.__file__).parent
+    assert yaml.safe_load((here / "pd_application.yaml").read_text()) == application.application_data()
 
 
 def test_decode_prewarms_through_prefill_and_prefill_does_not(rayservice: dict[str, Any]) -> None:

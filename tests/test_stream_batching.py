@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-import serve_config
+from serve_config import application
 from settings import Settings
 from tests.conftest import require_serve_deps
 
@@ -33,11 +33,11 @@ def test_decode_and_aggregated_stream_at_the_chosen_interval() -> None:
     require_serve_deps()
     from ray.llm._internal.serve.constants import MODEL_RESPONSE_BATCH_TIMEOUT_MS
 
-    chosen = serve_config.application_data()["sides"]["decode"]["experimental_configs"]["stream_batching_interval_ms"]
+    chosen = application.application_data()["sides"]["decode"]["experimental_configs"]["stream_batching_interval_ms"]
     assert chosen != MODEL_RESPONSE_BATCH_TIMEOUT_MS
-    pd = serve_config.serve_config(Settings())["applications"][0]["args"]
+    pd = application.serve_config(Settings())["applications"][0]["args"]
     assert _interval_ray_uses(pd["decode_config"]) == chosen
-    aggregated = serve_config.serve_config(Settings(serving_mode="aggregated"))["applications"][0]["args"]
+    aggregated = application.serve_config(Settings(serving_mode="aggregated"))["applications"][0]["args"]
     assert _interval_ray_uses(aggregated["llm_configs"][0]) == chosen
 
 
@@ -46,6 +46,6 @@ def test_build_pd_openai_app_accepts_the_interval(local_ray: None) -> None:
     from ray.serve._private.build_app import build_app
     from ray.serve.llm import build_pd_openai_app
 
-    args = serve_config.serve_config(Settings())["applications"][0]["args"]
+    args = application.serve_config(Settings())["applications"][0]["args"]
     built = build_app(build_pd_openai_app(args), name="llm")
     assert len(built.deployments) == 3

@@ -334,14 +334,14 @@ def test_goodput_counts_only_requests_within_both_slos_and_without_errors() -> N
 def test_bench_labels_the_result_with_the_live_mode() -> None:
     import yaml
 
-    import serve_config
+    from serve_config.application import serve_config_v2
 
     for mode in ("disaggregated", "aggregated"):
-        config = yaml.safe_load(serve_config.serve_config_v2(Settings(serving_mode=mode)))
+        config = yaml.safe_load(serve_config_v2(Settings(serving_mode=mode)))
         described = bench.describe_serve_config(config)
         assert described["serving_mode"] == mode
         assert described["model_id"] == "Qwen/Qwen3-8B"
-    pd = bench.describe_serve_config(yaml.safe_load(serve_config.serve_config_v2(Settings())))
+    pd = bench.describe_serve_config(yaml.safe_load(serve_config_v2(Settings())))
     assert pd["replicas"] == {"prefill": 1, "decode": 1}
     assert pd["engine_kwargs"]["prefill"]["max_num_batched_tokens"] == 8192
 

@@ -29,8 +29,9 @@ from typing import Any
 import yaml
 
 from cdk_constructs.gpu_nodes import GPU_NODE_LABELS
-from serve_config import CLUSTER_CONFIG_LABEL, cluster_config_hash
+from serve_config import CLUSTER_CONFIG_LABEL
 from serve_config.deployments import NAME_PREFIXES
+from serve_config.pod_templates import cluster_config_hash
 from settings import Settings, sizing
 from settings.cli import cli_settings
 from tools import serve_controller
@@ -110,7 +111,7 @@ def serve_findings(old: dict[str, Any], new: dict[str, Any], c: Classification) 
         elif old_apps[name] != app:
             found += _app_findings(old_apps[name], app, c)
     if old.get("http_options") != new.get("http_options"):
-        # serve_config.serve_config: Serve applies http_options only when it starts.
+        # serve_config.application.serve_config: Serve applies http_options only when it starts.
         found.append(Finding(Impact.IN_PLACE, "http_options changed: they apply at Serve's next start"))
     return found
 

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from cdk_constructs.observability_payloads import dashboard
+from serve_config.observability_payloads import dashboard
 
 DATASOURCE_NAME = "pd-inference-prometheus"
 

@@ -29,7 +29,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, ingress_service_name, worker_resources
+from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, ingress_service_name
+from serve_config.pod_templates import worker_resources
 from settings import Settings
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
 from settings.cli import USAGE_EXIT, cli_settings

@@ -22,7 +22,7 @@ import promql_parser
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from cdk_constructs.observability_payloads import (
+from serve_config.observability_payloads import (
     NAMES_FILE,
     alarm_queries,
     dashboard,

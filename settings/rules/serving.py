@@ -54,7 +54,7 @@ def check_model(s: Settings) -> None:
     )
     for side in ("prefill", "decode"):
         key, low = f"{side}_replicas", s.side_replicas(side)
-        # Ray's autoscaler could start a side's first pod (serve_config.group_resources), but the rest
+        # Ray's autoscaler could start a side's first pod (serve_config.pod_templates.group_resources), but the rest
         # of the stack is built for a running replica per side.
         require(
             within(key, low),
