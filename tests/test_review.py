@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PROJECT_CONTEXT, ROOT, synth
-from tools import pr_guard, review
+from tools import pr_guard, review, template_diff
 
 
 def test_review_files_are_up_to_date(template: dict[str, Any]) -> None:
@@ -106,7 +106,7 @@ def renamed_network(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
 
 def test_guard_blocks_a_renamed_stateful_construct(renamed_network: tuple[Path, Path]) -> None:
     before, after = renamed_network
-    changes = pr_guard.destructive_changes(before, after)
+    changes = template_diff.destructive_changes(before, after)
     types = {c["type"] for c in changes}
     assert {"AWS::EC2::VPC", "AWS::EC2::Subnet"} <= types, changes
     assert pr_guard.main([str(before), str(after)]) == 1
