@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from rehearsal import keys, native
-from rehearsal.cases import CASE_NAMES, CASE_SETTINGS, apply_case, deploy_fault, is_failure_case, phases
+from rehearsal.case_settings import CASE_SETTINGS
+from rehearsal.cases import CASE_NAMES, apply_case, deploy_fault, is_failure_case, phases
 from rehearsal.checks import auth_checks
 from rehearsal.cluster import ray_cluster, ray_logs
 from rehearsal.context import Context, Setup

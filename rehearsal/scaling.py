@@ -1,6 +1,6 @@
 """Prefill scales with the traffic, 1 -> 2 -> 1 -> 2, on the scaling case's one deployed app.
 
-The case deploys the product with a range on prefill (cases.SCALING_SETTINGS: prefill_max_replicas 2,
+The case deploys the product with a range on prefill (case_settings.SCALING_SETTINGS: prefill_max_replicas 2,
 prefill_target_ongoing_requests 2, as a user sets them) and only the documented deltas: the CPU
 deltas and SCALING_DELTAS (rehearsal/deploy.py: Serve's delays, shortened). Serve's own autoscaler
 decides every step from its request-based signal; nothing here tells Serve how many replicas to run.
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rehearsal import streams
+from rehearsal.case_settings import SCALING_SETTINGS
 from rehearsal.cluster import start_worker, stop_node_b
 from rehearsal.context import Context
 from rehearsal.margins import SCALE_DOWN, SCALE_UP
@@ -61,7 +62,7 @@ from serve_config.deployments import deployment_name_of
 SIDE = "prefill"
 LOAD = 6
 MAX_TOKENS = 4
-# The target the case deploys with (cases.SCALING_SETTINGS) and the one bound_change_check sets in place.
+# The target the case deploys with (case_settings.SCALING_SETTINGS) and the one bound_change_check sets in place.
 CHANGED_TARGET = "1"
 # How long the app is watched after the change: Serve's reconfigure of a running replica is immediate.
 WATCH_AFTER_CHANGE_S = 20.0
@@ -176,7 +177,6 @@ def _deployments_of(ctx: Context) -> tuple[dict[str, Any], str]:
 
 def bound_change_check(ctx: Context) -> list[Any]:
     """A changed bound reaches the running app in place: no replica restarts."""
-    from rehearsal.cases import SCALING_SETTINGS
     from rehearsal.deploy import apply_scaling_deltas, cpu_serve_config, product_rayservice
     from tools.checks import Check
 

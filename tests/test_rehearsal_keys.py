@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from rehearsal import keys
-from rehearsal.cases import CASE_PHASES, CASE_SETTINGS
+from rehearsal.case_settings import CASE_SETTINGS
+from rehearsal.cases import CASE_PHASES
 from rehearsal.context import Setup
 from rehearsal.deploy import product_worker_env
 from rehearsal.native import Libraries
