@@ -44,6 +44,7 @@ from rehearsal import streams
 from rehearsal.case_settings import SCALING_SETTINGS
 from rehearsal.cluster import start_worker, stop_node_b
 from rehearsal.context import Context
+from rehearsal.deploy import apply_scaling_deltas, cpu_serve_config, product_rayservice
 from rehearsal.margins import SCALE_DOWN, SCALE_UP
 from rehearsal.network import (
     HEAD_IP,
@@ -58,6 +59,9 @@ from rehearsal.network import (
     third_node,
 )
 from serve_config.deployments import deployment_name_of
+from tools.checks import Check
+from tools.cluster_access import PROMPT_TOKENS, metric_total
+from tools.polling import settled
 
 SIDE = "prefill"
 LOAD = 6
@@ -163,7 +167,6 @@ NODE_METRICS = {HEAD_IP: PREFILL_METRICS, NODE_C_IP: NODE_C_METRICS}
 
 def _prompt_tokens() -> dict[str, float]:
     """Prompt tokens computed on each prefill node (each node holds at most one prefill replica)."""
-    from tools.cluster_access import PROMPT_TOKENS, metric_total
 
     return {node: metric_total(metrics_text(url), PROMPT_TOKENS) or 0.0 for node, url in NODE_METRICS.items()}
 
@@ -177,8 +180,6 @@ def _deployments_of(ctx: Context) -> tuple[dict[str, Any], str]:
 
 def bound_change_check(ctx: Context) -> list[Any]:
     """A changed bound reaches the running app in place: no replica restarts."""
-    from rehearsal.deploy import apply_scaling_deltas, cpu_serve_config, product_rayservice
-    from tools.checks import Check
 
     deployed = product_rayservice(SCALING_SETTINGS)
     changed = product_rayservice({**SCALING_SETTINGS, f"{SIDE}_target_ongoing_requests": CHANGED_TARGET})
@@ -246,9 +247,6 @@ def prefill_names(temp_dir: Path) -> list[tuple[str, str]]:
 
 
 def scaling_check(ctx: Context) -> list[Any]:
-    from tools.checks import Check
-    from tools.polling import settled
-
     if ctx.nodes is None:
         raise RuntimeError("the scaling phase needs the rehearsal's nodes")
     deployment = deployment_name_of(ctx.model_id, SIDE)
