@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 
+from cdk_constructs.network import Network
+from settings import settings_from
+from stacks.pd_inference_stack import PdInferenceStack
 from tests.conftest import PROJECT_CONTEXT, ROOT, synth
-from tools import pr_guard, review, template_diff
+from tools import handoff, pr_guard, review, template_diff
 
 
 def test_review_files_are_up_to_date(template: dict[str, Any]) -> None:
@@ -88,10 +91,6 @@ def test_two_synths_are_byte_identical(tmp_path: Path) -> None:
 def renamed_network(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The default template and one where the Network construct was renamed, as a refactor might."""
     import aws_cdk as cdk
-
-    from cdk_constructs.network import Network
-    from settings import settings_from
-    from stacks.pd_inference_stack import PdInferenceStack
 
     folder = tmp_path_factory.mktemp("pair")
     before, after = folder / "before.json", folder / "after.json"
@@ -178,8 +177,6 @@ def test_diff_workflow_runs_preflight_with_its_role_and_comments_its_table() -> 
 
 
 def test_handoff_folder_holds_template_asset_manifest_and_assets(tmp_path: Path) -> None:
-    from tools import handoff
-
     synthesized = tmp_path / "cdk.out"
     assert _synth_to(synthesized).returncode == 0
     target = tmp_path / "handoff"
