@@ -17,6 +17,8 @@ from typing import Any
 from rehearsal.cluster import ray_logs
 from rehearsal.context import Context
 from rehearsal.network import DECODE_METRICS, metrics_text
+from tools.checks import Check
+from tools.cluster_access import NixlSnapshot
 
 # Far past max_model_len (8192): one token per word for the tiny model's byte-level BPE, or more.
 LONG_PROMPT_WORDS = 12_000
@@ -67,8 +69,6 @@ def cases(model_id: str) -> list[tuple[str, bytes, str]]:
 
 def bad_requests_check(ctx: Context) -> list[Any]:
     """Each bad request gets a 4xx in OpenAI's shape; then no restart, no NIXL failure, and a good request works."""
-    from tools.checks import Check
-    from tools.cluster_access import NixlSnapshot
 
     url = f"{ctx.serve}/v1/chat/completions"
     headers = {} if ctx.api_key is None else {"Authorization": f"Bearer {ctx.api_key}"}

@@ -29,6 +29,8 @@ from rehearsal import streams
 from rehearsal.context import Context
 from rehearsal.network import decode_nixl_counters
 from serve_config.deployments import NAME_PREFIXES
+from tools.checks import Check
+from tools.polling import poll, settled
 
 MAX_TOKENS = 32
 # Most refusals are Serve's router saying no at once, without waiting for an engine: the median
@@ -88,9 +90,6 @@ def admitted_bound(config: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def burst_check(ctx: Context) -> list[Any]:
-    from tools.checks import Check
-    from tools.polling import poll, settled
-
     if ctx.aggregated:
         return []
     bound, status, retry_after = admitted_bound(ctx.config)

@@ -1,7 +1,7 @@
 """The cases: what each changes in the product before Ray starts, and the phases it runs on the deployed app.
 
-- CASE_SETTINGS: the product's settings for a case, as a user would set them (the stack is
-  synthesized with them).
+- CASE_SETTINGS (rehearsal/case_settings.py): the product's settings for a case, as a user would set
+  them (the stack is synthesized with them).
 - CASE_CHANGES: what a case changes on the CPU serve config or the Ray processes' environment
   (rehearsal.context.Setup), after the CPU deltas: a failure case, what it breaks. A failure
   case also gets FAILURE_DELTAS (rehearsal/deploy.py) and must end with the app DEPLOY_FAILED.
@@ -38,20 +38,6 @@ from rehearsal.network import RehearsalError
 CASE_NAMES = ("pd", "aggregated", "scaling", "ucx", "wrong-side-channel", "no-plugin")
 # Each breaks one thing the product relies on, and must fail: the app DEPLOY_FAILED, the endpoint refusing.
 FAILURE_CASES = ("ucx", "wrong-side-channel", "no-plugin")
-# The cases that deploy the product in another serving mode (a setting, as a user would set it).
-# The two serving cases run with API keys on the endpoint, as a user with keys deploys (and like with like
-# for bench compare); the failure cases keep the defaults.
-# The serving cases also size Serve's admission bounds for requests of 1,024 tokens, as a user whose
-# requests are that short would (settings typical_request_tokens): the default 2,048 admits 13 at decode
-# on the product's GPU, and the disconnects phase holds 20 streams at once.
-SERVING_SETTINGS = {**keys.KEY_SETTINGS, "typical_request_tokens": "1024"}
-# The scaling case: a range on prefill, as a user sets it (README "Scaling": prefill aims at 1 or 2).
-SCALING_SETTINGS = {**SERVING_SETTINGS, "prefill_max_replicas": "2", "prefill_target_ongoing_requests": "2"}
-CASE_SETTINGS: dict[str, dict[str, str]] = {
-    "pd": {**SERVING_SETTINGS},
-    "aggregated": {"serving_mode": "aggregated", **SERVING_SETTINGS},
-    "scaling": SCALING_SETTINGS,
-}
 
 
 def _ucx(setup: Setup) -> None:

@@ -13,6 +13,19 @@ from rehearsal.context import Context
 from rehearsal.deploy import kuberay_headers
 from rehearsal.network import DASHBOARD, DECODE_METRICS, PREFILL_METRICS, SERVE, http, metrics_text, status_of
 from settings.project import ROOT
+from tools import bench as tools_bench
+from tools.checks import Check, nixl_log_findings
+from tools.cluster_access import PROMPT_TOKENS, EngineSnapshot, NixlSnapshot, http_json, metric_total
+from tools.polling import grew, poll, poll_until_grown, settled
+from tools.verify import chat_check, guard
+from tools.verify_judgement import (
+    metrics_check,
+    models_check,
+    no_nixl_check,
+    prefill_check,
+    prewarm_check,
+    served_check,
+)
 
 # libfabric's provider here: no EFA device, so verify expects tcp instead of efa.
 EXPECTED_PROVIDER = "tcp"
@@ -23,7 +36,6 @@ BENCH_PROMPTS = 4
 
 def auth_checks(config: dict[str, Any], env: dict[str, str]) -> list[Any]:
     """With token authentication on: a deploy or a job without the token is refused (401), a wrong token too (403)."""
-    from tools.checks import Check
 
     if not kuberay_headers(env):
         return []
@@ -42,7 +54,6 @@ def auth_checks(config: dict[str, Any], env: dict[str, str]) -> list[Any]:
 
 def all_prompt_tokens() -> float | None:
     """Both nodes' prompt-token counters summed; None before either exports one."""
-    from tools.cluster_access import PROMPT_TOKENS, metric_total
 
     found = [metric_total(metrics_text(url), PROMPT_TOKENS) for url in (PREFILL_METRICS, DECODE_METRICS)]
     present = [value for value in found if value is not None]
@@ -58,9 +69,6 @@ NIXL_BYTES = "vllm:nixl_bytes_transferred_sum"
 
 def prewarm_probe(ctx: Context) -> list[Any]:
     """What decode's pre-warm moved, read after deploy and before any request, once Ray's export held still."""
-    from tools.checks import Check
-    from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, metric_total
-    from tools.polling import settled
 
     if ctx.aggregated:
         return []
@@ -81,18 +89,6 @@ def prewarm_probe(ctx: Context) -> list[Any]:
 
 def verify_checks(ctx: Context) -> list[Any]:
     """verify's own checks, on the P/D app or (aggregated) on the aggregated one."""
-    from tools.checks import Check, nixl_log_findings
-    from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, http_json, metric_total
-    from tools.polling import grew, poll, poll_until_grown
-    from tools.verify import chat_check, guard
-    from tools.verify_judgement import (
-        metrics_check,
-        models_check,
-        no_nixl_check,
-        prefill_check,
-        prewarm_check,
-        served_check,
-    )
 
     def decode_counters() -> NixlSnapshot:
         return NixlSnapshot.of(metrics_text(DECODE_METRICS))
@@ -156,10 +152,6 @@ def bench(ctx: Context) -> list[Any]:
 def short_bench(
     model_id: str, model_dir: Path, out: Path, headers: dict[str, str], aggregated: bool, api_key: str | None = None
 ) -> None:
-    from tools import bench as tools_bench
-    from tools.cluster_access import EngineSnapshot, NixlSnapshot
-    from tools.polling import grew, poll, settled
-
     # The engines that decode: decode's node in P/D mode; in aggregated mode both nodes' replicas.
     engine_urls = (PREFILL_METRICS, DECODE_METRICS) if aggregated else (DECODE_METRICS,)
 

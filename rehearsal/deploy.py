@@ -18,7 +18,9 @@ import yaml
 from rehearsal.cluster import ray_logs
 from rehearsal.network import DASHBOARD, SERVE, RehearsalError, http
 from serve_config import SIDES
+from settings import project_context
 from settings.project import ROOT, STACK_NAME
+from tools.review import render
 
 # The only changes made to the product's serve config, and why (a test pins this set).
 CPU_DELTAS: dict[str, str] = {
@@ -79,9 +81,7 @@ def rayservice_of(manifests: list[dict[str, Any]]) -> dict[str, Any]:
 def product_manifests(overrides: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Every Kubernetes object in the synthesized template, on default settings (or with these overrides)."""
     os.environ.setdefault("CDK_VALIDATION", "false")
-    from app import build_app
-    from settings import project_context
-    from tools.review import render
+    from app import build_app  # loads aws_cdk, whose Node kernel reads CDK_VALIDATION as it starts: set above
 
     context = {**project_context(ROOT), **(overrides or {})}
     with tempfile.TemporaryDirectory() as out:

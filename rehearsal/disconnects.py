@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 from rehearsal.context import Context
 from rehearsal.margins import ENGINES_IDLE
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, metrics_text
+from tools.checks import Check
+from tools.cluster_access import NixlSnapshot
 
 STREAMS = 20
 # Far longer than the clients stay: an engine that ignored the hang-ups would generate for minutes
@@ -83,8 +85,6 @@ def _hang_up(serve: str, body: bytes, headers: dict[str, str], seen: list[str]) 
 
 def disconnects_check(ctx: Context) -> list[Any]:
     """Twenty streams cut by their clients: the engines return to idle, NIXL fails nothing, service goes on."""
-    from tools.checks import Check
-    from tools.cluster_access import NixlSnapshot
 
     headers = {"Content-Type": "application/json"}
     if ctx.api_key is not None:

@@ -31,6 +31,8 @@ from rehearsal.context import Context
 from rehearsal.disconnects import busy
 from rehearsal.margins import ENGINE_RECOVERY
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, http, metrics_text
+from tools.checks import Check
+from tools.cluster_access import NixlSnapshot
 
 TRAFFIC = 4
 MAX_TOKENS = 48
@@ -62,7 +64,6 @@ def node_namespace(ctx: Context, side: str) -> str:
 
 def counters() -> dict[str, Any]:
     """Decode's NIXL counters and both sides' KV-cache use, now."""
-    from tools.cluster_access import NixlSnapshot
 
     decode, prefill = metrics_text(DECODE_METRICS), metrics_text(PREFILL_METRICS)
     nixl = NixlSnapshot.of(decode)
@@ -102,8 +103,6 @@ def engine_death(side: str) -> Callable[[Context], list[Any]]:
     """The phase for one side: kill its engine while TRAFFIC streams run."""
 
     def phase(ctx: Context) -> list[Any]:
-        from tools.checks import Check
-
         before = counters()
         old_engine = _engine_pid(ctx, side)
         with streams.Traffic(ctx, TRAFFIC, MAX_TOKENS) as traffic:
@@ -160,7 +159,6 @@ def engine_death(side: str) -> Callable[[Context], list[Any]]:
 def served_after(case: str, after: list[streams.Outcome], mid: dict[str, Any], end: dict[str, Any]) -> Any:
     """The check that the app is whole again: AFTER requests in a row, each complete, each moving its KV
     over NIXL, none failed (`mid` and `end`: the counters before and after them)."""
-    from tools.checks import Check
 
     return Check(
         f"{case}: every request afterwards succeeds, NIXL fails none",

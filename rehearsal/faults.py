@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tools.checks import Check
+
 PREWARM_STARTED = "[PDDecodeServer] Starting pre-warm across all P replicas."
 PREWARM_DONE = "[PDDecodeServer] Pre-warm complete"
 # Ray's process title for a Serve replica of the product's decode deployment.
@@ -38,7 +40,6 @@ class Fault:
     def check(self, started: float) -> Any:
         """Ok only for a kill inside the pre-warm: a kill after it is a replica death, which proves nothing
         about a constructor retried by Serve."""
-        from tools.checks import Check
 
         name = "one fault during pre-warm, the app still came up"
         if self.killed_after is None:

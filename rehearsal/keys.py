@@ -25,6 +25,7 @@ from typing import Any
 from rehearsal.cluster import ray_logs
 from rehearsal.context import Context, EndpointKeys, Setup
 from serve_config.endpoint_keys import RAY_PODS_PACKAGE
+from tools.checks import Check
 
 # What the cases that serve set, as a user would: the name of a Secrets Manager secret (never read here).
 KEY_SETTINGS = {"endpoint_api_keys_secret_name": "rehearsal/llm-keys"}
@@ -94,7 +95,6 @@ def _call(url: str, key: str | None, body: dict[str, Any] | None = None) -> tupl
 
 def key_checks(ctx: Context) -> list[Any]:
     """No key and a wrong key: 401; the right key: 200, streaming and not; a rotation with no restart."""
-    from tools.checks import Check
 
     keys = ctx.endpoint_keys
     if keys is None:
@@ -147,7 +147,6 @@ def key_checks(ctx: Context) -> list[Any]:
 
 def key_log_scan(ctx: Context) -> list[Any]:
     """Every Ray and engine log, read for every key this run made: none may appear. The ingress came from the copy."""
-    from tools.checks import Check
 
     keys = ctx.endpoint_keys
     if keys is None:

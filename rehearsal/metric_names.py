@@ -14,16 +14,15 @@ from typing import Any
 
 from rehearsal.context import Context
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, metrics_text
+from settings.model import Settings
+from settings.rules import validate
+from tools.checks import Check
+from tools.verify_observability import missing_from_scrape, ray_pod_names
 
 SCRAPE_FILES = {"prefill": "metrics_prefill_node.prom", "decode": "metrics_decode_node.prom"}
 
 
 def names_check(ctx: Context) -> list[Any]:
-    from settings.model import Settings
-    from settings.rules import validate
-    from tools.checks import Check
-    from tools.verify_observability import missing_from_scrape, ray_pod_names
-
     texts = {"prefill": metrics_text(PREFILL_METRICS), "decode": metrics_text(DECODE_METRICS)}
     if ctx.results is not None:
         ctx.results.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_config import SERVE_PORT
-from tools.cluster_access import RAY_METRICS_PORT
+from tools.cluster_access import RAY_METRICS_PORT, NixlSnapshot
 
 # Node A (this namespace): the Ray head and prefill. Node B (a second namespace): decode.
 HEAD_IP, HEAD_IFACE = "10.99.0.1", "rh0"
@@ -176,7 +176,6 @@ def metrics_text(url: str) -> str:
 
 def decode_nixl_counters() -> tuple[float, float]:
     """Decode's NIXL (transfers, failed transfers), from decode's node's exporter."""
-    from tools.cluster_access import NixlSnapshot
 
     nixl = NixlSnapshot.of(metrics_text(DECODE_METRICS))
     return nixl.transfers, nixl.failed

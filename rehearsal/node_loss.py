@@ -39,6 +39,7 @@ from rehearsal.engine_deaths import (
 from rehearsal.margins import NODE_RECOVERY
 from rehearsal.network import WORKER_IP
 from serve_config import SERVE_PORT
+from tools.checks import Check
 
 # How long the node stays away: longer than the GCS takes to call a node dead (health checks every
 # 3 s, 5 misses), so that Serve sees the replica die rather than a blip.
@@ -77,8 +78,6 @@ def _through_node_b_proxy(ctx: Context, into: list[streams.Outcome]) -> threadin
 
 
 def node_loss_check(ctx: Context) -> list[Any]:
-    from tools.checks import Check
-
     if ctx.nodes is None or ctx.restart_node_b is None:
         raise RuntimeError("node loss needs the rehearsal's nodes")
     before = counters()

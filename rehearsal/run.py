@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from rehearsal import keys, native
-from rehearsal.cases import CASE_NAMES, CASE_SETTINGS, apply_case, deploy_fault, is_failure_case, phases
+from rehearsal.case_settings import CASE_SETTINGS
+from rehearsal.cases import CASE_NAMES, apply_case, deploy_fault, is_failure_case, phases
 from rehearsal.checks import auth_checks
 from rehearsal.cluster import ray_cluster, ray_logs
 from rehearsal.context import Context, Setup
@@ -55,8 +56,10 @@ from rehearsal.deploy import (
     product_worker_env,
     rayservice_of,
 )
+from rehearsal.make_model import make
 from rehearsal.native import NativeError
 from rehearsal.network import IN_NAMESPACE, Nodes, RehearsalError, in_namespace, two_nodes
+from tools.checks import table
 
 
 def run_phases(ctx: Context) -> list[Any]:
@@ -86,13 +89,9 @@ def run(case: str, logs_out: Path | None, results: Path | None = None) -> int:
 
 
 def _run(case: str, nodes: Nodes, work: Path, logs_out: Path | None, results: Path | None, started: float) -> int:
-    from tools.checks import table
-
     timings: dict[str, float] = {}
     libs = native.ensure()
     timings["native"] = time.monotonic() - started
-    from rehearsal.make_model import make
-
     model_dir = make(work / "model")
     timings["model"] = time.monotonic() - started
     manifests = product_manifests(CASE_SETTINGS.get(case))

@@ -1,6 +1,6 @@
 """Prefill scales with the traffic, 1 -> 2 -> 1 -> 2, on the scaling case's one deployed app.
 
-The case deploys the product with a range on prefill (cases.SCALING_SETTINGS: prefill_max_replicas 2,
+The case deploys the product with a range on prefill (case_settings.SCALING_SETTINGS: prefill_max_replicas 2,
 prefill_target_ongoing_requests 2, as a user sets them) and only the documented deltas: the CPU
 deltas and SCALING_DELTAS (rehearsal/deploy.py: Serve's delays, shortened). Serve's own autoscaler
 decides every step from its request-based signal; nothing here tells Serve how many replicas to run.
@@ -41,8 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from rehearsal import streams
+from rehearsal.case_settings import SCALING_SETTINGS
 from rehearsal.cluster import start_worker, stop_node_b
 from rehearsal.context import Context
+from rehearsal.deploy import apply_scaling_deltas, cpu_serve_config, product_rayservice
 from rehearsal.margins import SCALE_DOWN, SCALE_UP
 from rehearsal.network import (
     HEAD_IP,
@@ -57,11 +59,14 @@ from rehearsal.network import (
     third_node,
 )
 from serve_config.deployments import deployment_name_of
+from tools.checks import Check
+from tools.cluster_access import PROMPT_TOKENS, metric_total
+from tools.polling import settled
 
 SIDE = "prefill"
 LOAD = 6
 MAX_TOKENS = 4
-# The target the case deploys with (cases.SCALING_SETTINGS) and the one bound_change_check sets in place.
+# The target the case deploys with (case_settings.SCALING_SETTINGS) and the one bound_change_check sets in place.
 CHANGED_TARGET = "1"
 # How long the app is watched after the change: Serve's reconfigure of a running replica is immediate.
 WATCH_AFTER_CHANGE_S = 20.0
@@ -162,7 +167,6 @@ NODE_METRICS = {HEAD_IP: PREFILL_METRICS, NODE_C_IP: NODE_C_METRICS}
 
 def _prompt_tokens() -> dict[str, float]:
     """Prompt tokens computed on each prefill node (each node holds at most one prefill replica)."""
-    from tools.cluster_access import PROMPT_TOKENS, metric_total
 
     return {node: metric_total(metrics_text(url), PROMPT_TOKENS) or 0.0 for node, url in NODE_METRICS.items()}
 
@@ -176,9 +180,6 @@ def _deployments_of(ctx: Context) -> tuple[dict[str, Any], str]:
 
 def bound_change_check(ctx: Context) -> list[Any]:
     """A changed bound reaches the running app in place: no replica restarts."""
-    from rehearsal.cases import SCALING_SETTINGS
-    from rehearsal.deploy import apply_scaling_deltas, cpu_serve_config, product_rayservice
-    from tools.checks import Check
 
     deployed = product_rayservice(SCALING_SETTINGS)
     changed = product_rayservice({**SCALING_SETTINGS, f"{SIDE}_target_ongoing_requests": CHANGED_TARGET})
@@ -246,9 +247,6 @@ def prefill_names(temp_dir: Path) -> list[tuple[str, str]]:
 
 
 def scaling_check(ctx: Context) -> list[Any]:
-    from tools.checks import Check
-    from tools.polling import settled
-
     if ctx.nodes is None:
         raise RuntimeError("the scaling phase needs the rehearsal's nodes")
     deployment = deployment_name_of(ctx.model_id, SIDE)

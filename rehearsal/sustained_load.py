@@ -23,8 +23,14 @@ from typing import Any
 
 from rehearsal import streams
 from rehearsal.context import Context
+from rehearsal.disconnects import busy
+from rehearsal.engine_deaths import node_namespace
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, SERVE, metrics_text
 from settings.project import ROOT
+from tools import bench as tools_bench
+from tools.checks import Check
+from tools.cluster_access import EngineSnapshot, NixlSnapshot
+from tools.polling import poll, settled
 
 LOAD_S = 180.0
 CONCURRENCY = 8  # the CPU delta's max_num_seqs (rehearsal/deploy.py)
@@ -39,7 +45,6 @@ LEAK_BOUND_MIB = 64.0
 
 def _engine_memory(ctx: Context) -> dict[str, float]:
     """Each side's resident MiB (its Serve replica and every process under it), and the engine's share."""
-    from rehearsal.engine_deaths import node_namespace
 
     found = {}
     for side in ("prefill", "decode"):
@@ -57,11 +62,6 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def sustained_load_check(ctx: Context) -> list[Any]:
-    from tools import bench as tools_bench
-    from tools.checks import Check
-    from tools.cluster_access import EngineSnapshot, NixlSnapshot
-    from tools.polling import settled
-
     out = ctx.work / "sustained-load"
     out.mkdir(parents=True, exist_ok=True)
 
@@ -98,8 +98,6 @@ def sustained_load_check(ctx: Context) -> list[Any]:
 
     def grown(reading: tuple[NixlSnapshot, EngineSnapshot]) -> bool:
         return reading[0].transfers + reading[0].failed - nixl_before.transfers - nixl_before.failed >= expected
-
-    from tools.polling import poll
 
     poll(snapshot, grown)
     nixl_after, engine_after = settled(snapshot)
@@ -160,8 +158,6 @@ def sustained_load_check(ctx: Context) -> list[Any]:
 
 
 def _kv(ctx: Context) -> dict[str, float]:
-    from rehearsal.disconnects import busy
-
     return {
         side: busy(metrics_text(url))["ray_vllm_kv_cache_usage_perc"]
         for side, url in (("prefill", PREFILL_METRICS), ("decode", DECODE_METRICS))

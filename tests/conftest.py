@@ -43,7 +43,7 @@ def synth(**overrides: Any) -> dict[str, Any]:
     """The synthesized CloudFormation template of the one stack, as `cdk synth` makes it."""
     key = json.dumps(overrides, sort_keys=True)
     if key not in _CACHE:
-        from app import build_app
+        from app import build_app  # loads aws_cdk, whose Node kernel reads CDK_VALIDATION as it starts: set above
 
         app, _, _ = build_app({**PROJECT_CONTEXT, **overrides})
         assembly = app.synth()

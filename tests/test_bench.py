@@ -12,6 +12,7 @@ import pytest
 
 from settings import Settings
 from tests.support.bench_result import RESULT
+from tests.support.fake_cluster import KEY, FakeCluster
 from tools import bench
 from tools.cluster_access import EngineSnapshot, Histogram, NixlSnapshot, histogram
 
@@ -121,7 +122,6 @@ def test_sweep_runs_vllms_bench_with_the_key_and_flags_recompute(
 ) -> None:
     """The sweep against a fake cluster: the key from the endpoint's Secret is in vLLM's bench's
     environment and not on its command line; 3 transfers for 4 requests is flagged."""
-    from tests.support.fake_cluster import KEY, FakeCluster
 
     cluster = FakeCluster()
     state = {"transfers": 0}

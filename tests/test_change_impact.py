@@ -15,7 +15,7 @@ import yaml
 
 from settings import Settings, sizing
 from tests.conftest import ROOT, synth
-from tools import change_impact, pr_guard
+from tools import change_impact, pr_guard, template_diff
 from tools.change_impact import Impact
 
 serve = pytest.mark.serve
@@ -28,7 +28,7 @@ def _classify(tmp_path: Path, before: dict[str, Any], after: dict[str, Any]) -> 
     old, new = tmp_path / "deployed.json", tmp_path / "proposed.json"
     old.write_text(json.dumps(before))
     new.write_text(json.dumps(after))
-    return change_impact.classify(before, after, pr_guard.destructive_changes(old, new))
+    return change_impact.classify(before, after, template_diff.destructive_changes(old, new))
 
 
 # --- Changes that leave the serve config alone: no Ray needed ---------------------------------------

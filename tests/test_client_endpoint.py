@@ -20,8 +20,12 @@ import pytest
 import serve_config
 from serve_config import GPU_RESOURCE, INGRESS_GROUP, SERVE_PORT
 from settings import Settings
-from tests.conftest import manifests, rayservice_from, synth
+from tests.conftest import manifest_resource, manifests, rayservice_from, synth
 from tests.support import placement
+from tests.support.bench_result import RESULT
+from tests.support.cluster import placed
+from tests.support.fake_cluster import FakeCluster, install
+from tools import bench, verify
 
 SERVICE = "pd-llm"
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
@@ -70,7 +74,6 @@ def test_each_client_endpoint_selects_exactly_the_ingress_groups_pods(overrides:
 @pytest.mark.parametrize("overrides", [NLB], ids=["nlb"])
 def test_the_placement_proof_puts_every_endpoint_pod_on_a_system_node(overrides: dict[str, Any]) -> None:
     """Where the placement proof lands the pods each client Service selects: system nodes only."""
-    from tests.support.cluster import placed
 
     result = placed(**overrides)
     pods = placement.ray_workloads(rayservice_from(synth(**overrides)))
@@ -116,17 +119,12 @@ def test_the_port_forward_output_names_the_ingress_service(template: dict[str, A
 
 def test_the_ingress_service_is_applied_after_the_namespace(template: dict[str, Any]) -> None:
     """And so deleted before it (and before the cluster, whose kubectl provider applies it)."""
-    from tests.conftest import manifest_resource
 
     service = template["Resources"][manifest_resource(template, "Service", f"{SERVICE}-ingress")]
     assert manifest_resource(template, "Namespace") in service["DependsOn"]
 
 
 def test_verify_and_bench_forward_to_the_ingress_service(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tests.support.bench_result import RESULT
-    from tests.support.fake_cluster import FakeCluster, install
-    from tools import bench, verify
-
     forwarded: list[str] = []
 
     @contextlib.contextmanager

@@ -14,6 +14,7 @@ from cdk_constructs.gpu_nodes import CA_GPU_LABEL, CA_RESOURCE_TAG_PREFIX
 from settings import settings_from
 from settings.catalog import CLUSTER_AUTOSCALER, CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERNETES_VERSIONS
 from settings.sizing import gpu_node_bounds
+from stacks.pd_inference_stack import PdInferenceStack
 from tests.conftest import PROJECT_CONTEXT, manifests, only, resources, synth
 from tests.support.autoscaling import AUTOSCALING
 from tests.support.helm import rendered_releases
@@ -285,8 +286,6 @@ def test_ray_pods_are_never_evicted_by_the_autoscaler() -> None:
 
 def test_the_construct_refuses_a_range_of_none() -> None:
     import aws_cdk as cdk
-
-    from stacks.pd_inference_stack import PdInferenceStack
 
     app = cdk.App(context=PROJECT_CONTEXT)
     stack = PdInferenceStack(app, "Refuse", settings=settings_from({**PROJECT_CONTEXT, **AUTOSCALING}))

@@ -13,6 +13,7 @@ from settings.catalog import AWS_LOAD_BALANCER_CONTROLLER, EXTERNAL_SECRETS, KUB
 from tests.conftest import ROOT, helm_releases, manifest_resource, manifests, only, rayservice_from, resources, synth
 from tests.support.helm import rendered_releases
 from tests.support.template_graph import depends_on
+from tools.pr_guard import impact_summary
 
 TOKEN = {"hf_token_secret_name": "prod/hf-token"}
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
@@ -211,7 +212,6 @@ def test_the_operator_is_not_waited_on_needlessly(template: dict[str, Any]) -> N
 
 def test_the_pr_comment_says_when_the_ray_cluster_is_recreated() -> None:
     """A new image leaves the serve config alone: no Ray is needed to tell (tests/test_change_impact.py)."""
-    from tools.pr_guard import impact_summary
 
     note = impact_summary(
         synth(), synth(ray_image="public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0"), []

@@ -237,7 +237,7 @@ def test_rays_builders_put_the_products_ingress_in_front(
     from ray.serve.llm import build_openai_app, build_pd_openai_app
     from ray.serve.schema import ServeDeploySchema
 
-    from ray_pods.api_keys import ApiKeyIngress
+    from ray_pods.api_keys import ApiKeyIngress  # imports ray: make test-fast runs without it
 
     doc = yaml.safe_load(rayservice_from(synth(**(KEYS if keys else {}), serving_mode=mode))["spec"]["serveConfigV2"])
     ServeDeploySchema.model_validate(doc)
@@ -382,7 +382,7 @@ def _serving(cls: Any, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Iterat
 def ingress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     """The product's ingress with keys: a keys file of one key, GOOD."""
     require_serve_deps()
-    from ray_pods.api_keys import ApiKeyIngress
+    from ray_pods.api_keys import ApiKeyIngress  # imports ray: make test-fast runs without it
 
     keys_dir = tmp_path / "api-keys"
     keys_dir.mkdir()
@@ -584,7 +584,7 @@ def test_a_rotation_to_no_usable_key_refuses_every_caller_with_503(
 
 
 def test_a_key_past_its_rate_gets_429_with_retry_after(ingress: SimpleNamespace) -> None:
-    from ray_pods.api_keys import RateLimit
+    from ray_pods.api_keys import RateLimit  # imports ray: make test-fast runs without it
 
     ingress.instance._limit = RateLimit(3)
     codes = [ingress.client.get("/v1/models", headers=_auth(GOOD)).status_code for _ in range(4)]
@@ -605,7 +605,7 @@ def test_logs_name_the_key_id_and_never_a_key(ingress: SimpleNamespace) -> None:
 
 def test_no_refusal_logs_the_key_it_was_shown(ingress: SimpleNamespace) -> None:
     """Every refusal the ingress makes, each with a key in the request: none may reach a log record."""
-    from ray_pods.api_keys import RateLimit
+    from ray_pods.api_keys import RateLimit  # imports ray: make test-fast runs without it
 
     chat = "/v1/chat/completions"
     statuses = [
@@ -630,7 +630,7 @@ def test_no_refusal_logs_the_key_it_was_shown(ingress: SimpleNamespace) -> None:
 
 def test_the_replica_refuses_to_start_without_a_usable_key(tmp_path: Path) -> None:
     require_serve_deps()
-    from ray_pods.api_keys import ApiKeyIngress
+    from ray_pods.api_keys import ApiKeyIngress  # imports ray: make test-fast runs without it
 
     for content in ("", "[]", json.dumps({"short": "abc"})):
         path = tmp_path / "keys.json"
@@ -641,7 +641,7 @@ def test_the_replica_refuses_to_start_without_a_usable_key(tmp_path: Path) -> No
 
 def test_the_rate_window_slides() -> None:
     require_serve_deps()
-    from ray_pods.api_keys import RateLimit
+    from ray_pods.api_keys import RateLimit  # imports ray: make test-fast runs without it
 
     now = [0.0]
     limit = RateLimit(2, clock=lambda: now[0])

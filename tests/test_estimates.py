@@ -10,8 +10,17 @@ from typing import Any
 import pytest
 
 from settings import Settings, catalog, sizing
-from settings.estimates import PRICE_DATE, cost_summary, hourly_cost, hourly_cost_range, plan_table, scale_up_table
-from tests.conftest import synth
+from settings.estimates import (
+    PRICE_DATE,
+    cost_summary,
+    hourly_cost,
+    hourly_cost_range,
+    plan_table,
+    ray_series,
+    scale_up_table,
+)
+from settings.loading import settings_from
+from tests.conftest import PROJECT_CONTEXT, rayservice_from, synth
 
 
 def test_plan_matches_a_hand_calculation_for_the_defaults() -> None:
@@ -219,9 +228,6 @@ def test_the_observability_estimate_counts_every_ray_pod_the_rayservice_runs(ove
     exports what the decode node did; the ingress pod, a Ray node without an engine, that less vLLM's
     `ray_vllm_*` series; the head, what the other node (head, ingress replica and a prefill worker in
     one Ray node there) exported beyond a worker."""
-    from settings.estimates import ray_series
-    from settings.loading import settings_from
-    from tests.conftest import PROJECT_CONTEXT, rayservice_from
 
     config = rayservice_from(synth(**overrides))["spec"]["rayClusterConfig"]
     pods = {"headgroup": 1, **{g["groupName"]: g["replicas"] for g in config["workerGroupSpecs"]}}

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from cdk_constructs import addons
 from settings.catalog import KUBECTL_IMAGE, KUBERAY_OPERATOR, kuberay_crd_urls
 from tests.conftest import helm_releases, manifest_resource, manifests, resources, synth
 from tests.support.template_graph import depends_on
@@ -107,8 +108,6 @@ def test_kuberay_crds_upgraded_by_a_versioned_job(template: dict[str, Any]) -> N
 
 
 def test_chart_version_bump_makes_a_new_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cdk_constructs import addons
-
     bumped = KUBERAY_OPERATOR.__class__(**{**KUBERAY_OPERATOR.__dict__, "version": "1.8.0"})
     monkeypatch.setattr(addons, "KUBERAY_OPERATOR", bumped)
     (job,) = [doc for doc in addons.kuberay_crd_upgrade({}) if doc["kind"] == "Job"]

@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
+from cdk_constructs.gpu_nodes import gpu_toleration
+from serve_config import pod_templates
+from settings import Settings, catalog
 from tests.conftest import (
     manifest_resource,
     manifests,
@@ -214,10 +217,6 @@ def test_the_cache_is_made_writable_before_ray_starts(rayservice: dict[str, Any]
 
 def test_a_type_without_instance_store_keeps_the_cache_in_the_container(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
-
-    from cdk_constructs.gpu_nodes import gpu_toleration
-    from serve_config import pod_templates
-    from settings import Settings, catalog
 
     no_nvme = dataclasses.replace(catalog.INSTANCE_TYPES["g6.8xlarge"], instance_store_gb=0)
     monkeypatch.setattr(catalog, "INSTANCE_TYPES", {**catalog.INSTANCE_TYPES, "g6.8xlarge": no_nvme})

@@ -24,16 +24,17 @@ import yaml
 
 from cdk_constructs.gpu_nodes import network_interface_layout
 from serve_config import DECODE, EFA_RESOURCE, GPU_RESOURCE, PREFILL, SIDES
-from serve_config.application import KV_LAYOUT_ENV
+from serve_config.application import KV_LAYOUT_ENV, serve_config
 from serve_config.deployments import options_of
 from serve_config.pod_templates import worker_resources
 from settings import Settings, SettingsError, settings_from_cli, sizing
 from settings.catalog import INSTANCE_TYPES, MODELS
+from settings.estimates import cost_summary, hourly_cost
 from settings.model import TENSOR_PARALLEL_SIZES
 from settings.rules import validate
 from tests.conftest import rayservice_from, require_serve_deps, resources, shared_file, synth
 from tests.support import placement
-from tests.support.cluster import placed
+from tests.support.cluster import DEVICE_PLUGIN_DAEMONSETS, placed, workloads
 from tests.support.kuberay_schema import validation_errors
 from tests.support.preflight_account import (
     RESERVATION,
@@ -46,6 +47,11 @@ from tests.support.preflight_account import (
     reservation,
     secret,
 )
+from tests.support.reachability_cluster import cluster, ray_pods, refused, required_pairs
+from tools.bench import describe_serve_config
+from tools.checks import nixl_log_findings
+from tools.plan import main
+from tools.verify_judgement import placement_check
 
 pytestmark = [pytest.mark.xdist_group("placement"), pytest.mark.private_internals]
 
@@ -296,7 +302,6 @@ def test_the_placement_proof_catches_an_idle_gpu() -> None:
         for kind in ("requests", "limits"):
             group["template"]["spec"]["containers"][0]["resources"][kind][GPU_RESOURCE] = "2"
     nodes = placement.nodes_from_template(template, "1.36")
-    from tests.support.cluster import DEVICE_PLUGIN_DAEMONSETS, workloads
 
     found = [w for w in workloads(template, "1.36") if w.source != "RayService"] + placement.ray_workloads(rayservice)
     result = placement.place(nodes, found, DEVICE_PLUGIN_DAEMONSETS)
@@ -574,8 +579,6 @@ def _node(efa: str) -> dict[str, Any]:
 
 
 def test_verify_accepts_p5s_pods_and_refuses_a_pod_short_of_its_cards() -> None:
-    from tools.verify_judgement import placement_check
-
     settings = _settings("p5.48xlarge-70b")
     efa = {side: int(worker_resources(settings, side)[EFA_RESOURCE]) for side in SIDES}
     per_node = {side: settings.replicas_per_node(side) for side in SIDES}
@@ -593,8 +596,6 @@ def test_verify_accepts_p5s_pods_and_refuses_a_pod_short_of_its_cards() -> None:
 
 
 def test_verify_wants_a_rail_on_every_card_a_pod_holds() -> None:
-    from tools.checks import nixl_log_findings
-
     line = "I nixl: Created {} rails using provider=efa\nBackend LIBFABRIC was instantiated\n"
     assert nixl_log_findings(line.format(16), expected_rails=16).problems == []
     assert "fewer than the pod's 16 EFA devices" in " ".join(
@@ -603,9 +604,6 @@ def test_verify_wants_a_rail_on_every_card_a_pod_holds() -> None:
 
 
 def test_bench_labels_its_results_with_each_sides_tensor_parallel_size() -> None:
-    from serve_config.application import serve_config
-    from tools.bench import describe_serve_config
-
     described = describe_serve_config(serve_config(_settings("p5.48xlarge-70b")))
     sizes = {side: kwargs["tensor_parallel_size"] for side, kwargs in described["engine_kwargs"].items()}
     assert sizes == {PREFILL: 8, DECODE: 4}
@@ -617,7 +615,6 @@ def test_bench_labels_its_results_with_each_sides_tensor_parallel_size() -> None
 def test_every_nixl_side_channel_of_every_tp_rank_is_reachable(name: str) -> None:
     """Ray gives each replica's engine the side-channel ports base + rank x GPUs per replica upward
     (Ray 2.58 engines/vllm/kv_transfer/base.py), one per TP worker: each must be admitted between the pods."""
-    from tests.support.reachability_cluster import cluster, ray_pods, refused, required_pairs
 
     settings = _settings(name)
     policies, peers, subnets = cluster(**CONFIGS[name])
@@ -638,8 +635,6 @@ VERDICTS_AT_8K = {"g6.8xlarge-defaults": "maybe", "g6e.12xlarge-tp4": "likely", 
 
 @pytest.mark.parametrize("name", IDS)
 def test_plan_prints_each_configurations_verdict(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from tools.plan import main
-
     args = [arg for pair in PLAN_ARGS[name] for arg in ("-c", pair)]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -679,8 +674,6 @@ def test_efa_bandwidth_is_summed_across_the_cards_a_pod_holds() -> None:
 
 
 def test_the_hourly_price_has_its_source() -> None:
-    from settings.estimates import cost_summary, hourly_cost
-
     p5 = _settings("p5.48xlarge-70b")
     (gpu_line,) = [line for line in hourly_cost(p5) if "GPU nodes" in line.item]
     assert (gpu_line.count, gpu_line.unit_per_hour) == (2, 55.04)

@@ -7,7 +7,9 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 
+from settings import settings_from
 from stacks.nag_acknowledgements import ACKNOWLEDGEMENTS, OPTIONAL_ACKNOWLEDGEMENTS, acknowledge_findings
+from stacks.pd_inference_stack import PdInferenceStack
 from tests.conftest import PROJECT_CONTEXT, only, synth
 from tests.support.autoscaling import AUTOSCALING
 
@@ -42,9 +44,6 @@ def test_unacknowledged_finding_fails_synth() -> None:
     """Without the acknowledgements, the nag plugin stops synth: the check can fail."""
     from cdk_nag import AwsSolutionsChecks
 
-    from settings import settings_from
-    from stacks.pd_inference_stack import PdInferenceStack
-
     app = cdk.App(context=PROJECT_CONTEXT)
     PdInferenceStack(app, "Bare", settings=settings_from(PROJECT_CONTEXT))
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
@@ -53,9 +52,6 @@ def test_unacknowledged_finding_fails_synth() -> None:
 
 
 def test_acknowledgements_apply_to_the_stack() -> None:
-    from settings import settings_from
-    from stacks.pd_inference_stack import PdInferenceStack
-
     app = cdk.App(context=PROJECT_CONTEXT)
     stack = PdInferenceStack(app, "Count", settings=settings_from(PROJECT_CONTEXT))
     assert acknowledge_findings(stack) == REVIEWED_DEFAULT + OPTIONAL_ON_BY_DEFAULT

@@ -11,10 +11,13 @@ import yaml
 
 from cdk_constructs.observability import ADDON_LOG_GROUPS, ADDON_NAME, AGENT_SERVICE_ACCOUNT
 from serve_config import METRICS_PORT as RAY_METRICS_PORT  # what the Ray pods listen on
-from serve_config.observability_payloads import render_rules
+from serve_config.observability_payloads import alarm_queries, insights_queries, render_rules
+from settings.estimates import HOURS_PER_MONTH, observability_monthly_cost, ray_series
 from settings.model import Settings
 from settings.rules import validate
-from tests.conftest import only, resources, synth
+from tests.conftest import manifests, only, resources, synth
+from tests.support.cfn_lint import lint_errors
+from tests.support.template_graph import depends_on
 
 CLUSTER = "pd-inference"
 # The log groups the add-on writes (chart amazon-cloudwatch-observability 6.4.0 values.yaml:
@@ -252,8 +255,6 @@ def test_the_outputs_name_the_dashboard_the_workspace_and_the_import_command() -
 
 
 def test_the_monthly_estimate_counts_the_measured_series_at_the_interval() -> None:
-    from settings.estimates import HOURS_PER_MONTH, observability_monthly_cost, ray_series
-
     s = validate(Settings())
     # The head's 1407, the ingress pod's 789 and 1154 per engine pod (tests/test_estimates.py derives them
     # from the recorded pd scrape and the RayService's pods), every 30 s for 730 h.
@@ -268,16 +269,11 @@ def test_the_monthly_estimate_counts_the_measured_series_at_the_interval() -> No
 
 
 def test_cfn_lint_is_clean_with_the_email_and_another_interval_and_with_observability_off() -> None:
-    from tests.support.cfn_lint import lint_errors
-
     assert lint_errors(synth(alarm_email="oncall@example.com", observability_scrape_interval_seconds="60")) == []
     assert lint_errors(synth(observability="false")) == []
 
 
 def test_the_collector_may_list_the_serving_namespaces_pods_and_nothing_else() -> None:
-    from tests.conftest import manifests
-    from tests.support.template_graph import depends_on
-
     template = synth(serving_namespace="serving")
     rbac = [m for m in manifests(template) if m["kind"] in ("Role", "RoleBinding", "ClusterRoleBinding")]
     bound = [m for m in rbac if any(s.get("name") == "aps-collector-user" for s in m.get("subjects", []))]
@@ -301,8 +297,6 @@ def test_the_collector_may_list_the_serving_namespaces_pods_and_nothing_else() -
 
 
 def test_the_cloudwatch_dashboard_and_alarms_run_the_checked_queries() -> None:
-    from serve_config.observability_payloads import alarm_queries, insights_queries
-
     template = synth()
     (dashboard,) = resources(template, "AWS::CloudWatch::Dashboard").values()
     body = json.loads(

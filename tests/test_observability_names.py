@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from rehearsal import metric_names
+from rehearsal.network import DECODE_METRICS, PREFILL_METRICS
 from serve_config import observability_payloads
 from serve_config.observability_payloads import SCRAPE_FILE, alarm_queries, insights_queries
 from settings.model import Settings
@@ -274,9 +276,6 @@ def test_aggregated_mode_does_not_ask_for_the_kv_panels() -> None:
 
 # --- the rehearsal phase (rehearsal/metric_names.py), on recorded scrapes -------------------------
 def _phase(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, texts: list[str]) -> list[Check]:
-    from rehearsal import metric_names
-    from rehearsal.network import DECODE_METRICS, PREFILL_METRICS
-
     by_url = {PREFILL_METRICS: texts[0], DECODE_METRICS: texts[1]}
     monkeypatch.setattr(metric_names, "metrics_text", lambda url: by_url[url])
     ctx = type("Ctx", (), {"results": tmp_path, "metrics": {}})()

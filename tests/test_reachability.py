@@ -15,7 +15,7 @@ import pytest
 
 from serve_config import DASHBOARD_PORT, METRICS_PORT, SERVE_PORT
 from settings.catalog import KUBERAY_OPERATOR
-from tests.conftest import manifests, resources, synth
+from tests.conftest import manifest_resource, manifests, resources, synth
 from tests.support import reachability
 from tests.support.reachability import Peer, admits
 from tests.support.reachability_cluster import (
@@ -127,8 +127,6 @@ def test_the_vpc_cni_enforces_network_policies(template: dict[str, Any]) -> None
 
 
 def test_policies_exist_before_the_ray_pods(template: dict[str, Any]) -> None:
-    from tests.conftest import manifest_resource
-
     rayservice = template["Resources"][manifest_resource(template, "RayService")]
     for logical_id, r in resources(template, "Custom::AWSCDK-EKS-KubernetesResource").items():
         if "NetworkPolicy" in json.dumps(r["Properties"]["Manifest"]):

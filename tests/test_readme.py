@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from settings import SETTING_NAMES
+from settings import SETTING_NAMES, Settings
+from settings.estimates import cost_summary, plan_table
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
@@ -40,9 +41,6 @@ def test_every_setting_is_in_the_settings_reference() -> None:
 
 
 def test_should_i_disaggregate_shows_the_plan_on_the_defaults() -> None:
-    from settings import Settings
-    from settings.estimates import cost_summary, plan_table
-
     page = (ROOT / "docs" / "architecture.md").read_text()
     section = page.split("## Should I disaggregate?", 1)[1]
     after_command = section.split("<!-- offline: plan -->\n```bash\nmake plan\n```\n", 1)[1]

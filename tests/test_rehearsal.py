@@ -17,9 +17,22 @@ import pytest
 import yaml
 
 from rehearsal import native
-from rehearsal.deploy import CPU_DELTAS, cpu_serve_config, kuberay_auth_env, kuberay_headers, product_worker_env
+from rehearsal.__main__ import CASES
+from rehearsal.checks import PREWARM_TRANSFERS
+from rehearsal.deploy import (
+    CPU_DELTAS,
+    FAILURE_DELTAS,
+    apply_failure_deltas,
+    cpu_serve_config,
+    kuberay_auth_env,
+    kuberay_headers,
+    llm_configs,
+    product_head_env,
+    product_worker_env,
+)
 from tests.conftest import shared_file
 from tests.support.template_paths import differing_paths
+from tools.verify_judgement import prewarm_check
 
 pytestmark = pytest.mark.private_internals
 
@@ -107,8 +120,6 @@ def test_failure_cases_change_only_the_failure_deltas_which_rays_schema_accepts(
     from ray.serve._private.config import DeploymentConfig
     from ray.serve.llm import LLMConfig
 
-    from rehearsal.deploy import FAILURE_DELTAS, apply_failure_deltas, llm_configs
-
     cpu = cpu_serve_config(rayservice, Path("/models/tiny"))
     failing = copy.deepcopy(cpu)
     apply_failure_deltas(failing)
@@ -124,8 +135,6 @@ def test_failure_cases_change_only_the_failure_deltas_which_rays_schema_accepts(
 def test_a_failure_case_passes_only_with_the_app_failed_and_no_chat_served(name: str) -> None:
     """The line deploy() ends a failure case with: the terminal status and the endpoint's answer are required."""
     import re
-
-    from rehearsal.__main__ import CASES
 
     (case,) = [c for c in CASES if c.name == name]
     cause = {
@@ -160,8 +169,6 @@ def test_serve_retries_a_failed_decode_start_ten_times_by_rays_own_rule(
     from ray.serve._private import deployment_state
     from ray.serve._private.config import DeploymentConfig
 
-    from rehearsal.deploy import product_head_env
-
     per_replica = int(product_head_env(rayservice)["RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT"])
     monkeypatch.setattr(deployment_state, "MAX_PER_REPLICA_RETRY_COUNT", per_replica)
     args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
@@ -188,8 +195,6 @@ def test_the_prewarm_is_one_prompt_token_so_one_transfer_per_prefill_replica() -
     """The pinned count in the rehearsal's pre-warm probe rests on Ray's pre-warm request."""
     from ray.llm._internal.serve.serving_patterns.prefill_decode import pd_server
 
-    from rehearsal.checks import PREWARM_TRANSFERS
-
     assert (pd_server._PREWARM_PROMPT, pd_server._PREWARM_MAX_TOKENS) == (" x", 1)
     assert PREWARM_TRANSFERS == 1.0
 
@@ -200,8 +205,6 @@ def test_verify_fails_a_prewarm_that_skipped_a_prefill_replica() -> None:
     import re
 
     from ray.llm._internal.serve.serving_patterns.prefill_decode import pd_server
-
-    from tools.verify_judgement import prewarm_check
 
     (fmt,) = re.findall(
         r'"(\[PDDecodeServer\] P replica %d returned empty kv_params; skipping\.)"', inspect.getsource(pd_server)

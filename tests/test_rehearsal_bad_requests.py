@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-from rehearsal.bad_requests import TEN_MB, cases, openai_error
+from rehearsal.bad_requests import TEN_MB, bad_requests_check, cases, openai_error
 from rehearsal.cases import CASE_PHASES
 from rehearsal.checks import bench, verify_checks
+from rehearsal.disconnects import busy
 
 
 def test_every_bad_request_the_issue_names_is_sent() -> None:
@@ -34,15 +35,11 @@ def test_openais_error_shape_is_required_not_just_a_status() -> None:
 
 
 def test_the_pd_case_sends_them_after_verify_and_before_the_bench() -> None:
-    from rehearsal.bad_requests import bad_requests_check
-
     phases = CASE_PHASES["pd"]
     assert phases.index(verify_checks) < phases.index(bad_requests_check) < phases.index(bench)
 
 
 def test_the_disconnect_phase_reads_each_gauge_summed_over_engines() -> None:
-    from rehearsal.disconnects import busy
-
     text = (
         "# HELP ray_vllm_kv_cache_usage_perc KV-cache usage.\n"
         'ray_vllm_kv_cache_usage_perc{ReplicaId="a",model_name="Qwen/Qwen3-8B"} 0.25\n'

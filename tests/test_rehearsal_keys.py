@@ -11,7 +11,9 @@ from typing import Any
 import yaml
 
 from rehearsal import keys
-from rehearsal.cases import CASE_PHASES, CASE_SETTINGS
+from rehearsal.case_settings import CASE_SETTINGS
+from rehearsal.cases import CASE_PHASES
+from rehearsal.checks import verify_checks
 from rehearsal.context import Setup
 from rehearsal.deploy import product_worker_env
 from rehearsal.native import Libraries
@@ -67,8 +69,6 @@ def test_the_key_file_is_swapped_as_the_kubelet_swaps_a_secret_volume(tmp_path: 
 
 
 def test_the_serving_cases_check_keys_before_verify_and_scan_the_logs_last() -> None:
-    from rehearsal.checks import verify_checks
-
     for case in ("pd", "aggregated"):
         assert keys.KEY_SETTINGS.items() <= CASE_SETTINGS[case].items()
         phases = CASE_PHASES[case]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rehearsal import burst, cases, scaling
+from rehearsal import burst, case_settings, cases, scaling
 from rehearsal.context import Setup
 from rehearsal.deploy import SCALING_DELTAS, apply_scaling_deltas, cpu_serve_config, product_rayservice
 from settings import settings_from, sizing
@@ -24,7 +24,7 @@ serve = pytest.mark.serve
 
 
 def _cpu_config(case: str) -> dict[str, Any]:
-    return cpu_serve_config(product_rayservice(cases.CASE_SETTINGS[case]), Path("/models/tiny"))
+    return cpu_serve_config(product_rayservice(case_settings.CASE_SETTINGS[case]), Path("/models/tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_the_case_wires_its_delta_and_its_phases() -> None:
 
 
 def test_the_burst_meets_the_bound_the_product_sized() -> None:
-    s = settings_from({**PROJECT_CONTEXT, **cases.CASE_SETTINGS["pd"]})
+    s = settings_from({**PROJECT_CONTEXT, **case_settings.CASE_SETTINGS["pd"]})
     bound, status, retry_after = burst.admitted_bound(_cpu_config("pd"))
     ingress = sizing.ingress_max_ongoing_requests(s) + sizing.max_queued_requests(s, "decode")
     assert bound == ingress

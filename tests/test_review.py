@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 
+from cdk_constructs.network import Network
+from settings import settings_from
+from stacks.pd_inference_stack import PdInferenceStack
 from tests.conftest import PROJECT_CONTEXT, ROOT, synth
-from tools import pr_guard, review
+from tools import handoff, pr_guard, review, template_diff
 
 
 def test_review_files_are_up_to_date(template: dict[str, Any]) -> None:
@@ -89,10 +92,6 @@ def renamed_network(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     """The default template and one where the Network construct was renamed, as a refactor might."""
     import aws_cdk as cdk
 
-    from cdk_constructs.network import Network
-    from settings import settings_from
-    from stacks.pd_inference_stack import PdInferenceStack
-
     folder = tmp_path_factory.mktemp("pair")
     before, after = folder / "before.json", folder / "after.json"
     before.write_text(json.dumps(synth()))
@@ -106,7 +105,7 @@ def renamed_network(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
 
 def test_guard_blocks_a_renamed_stateful_construct(renamed_network: tuple[Path, Path]) -> None:
     before, after = renamed_network
-    changes = pr_guard.destructive_changes(before, after)
+    changes = template_diff.destructive_changes(before, after)
     types = {c["type"] for c in changes}
     assert {"AWS::EC2::VPC", "AWS::EC2::Subnet"} <= types, changes
     assert pr_guard.main([str(before), str(after)]) == 1
@@ -178,8 +177,6 @@ def test_diff_workflow_runs_preflight_with_its_role_and_comments_its_table() -> 
 
 
 def test_handoff_folder_holds_template_asset_manifest_and_assets(tmp_path: Path) -> None:
-    from tools import handoff
-
     synthesized = tmp_path / "cdk.out"
     assert _synth_to(synthesized).returncode == 0
     target = tmp_path / "handoff"

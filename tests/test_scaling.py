@@ -13,7 +13,7 @@ import yaml
 
 import serve_config
 from serve_config.checks import kuberay_resources, problems
-from settings import Settings, SettingsError, sizing, validate
+from settings import Settings, SettingsError, settings_from, sizing, validate
 from tests.conftest import PROJECT_CONTEXT, rayservice_from, require_serve_deps, shared_file, synth
 from tests.support.kuberay_schema import validation_errors
 from tests.support.scaling import RANGE, SIDE_RANGES, deployed_rayservice, ray_cluster_of, serve_doc_of
@@ -77,8 +77,6 @@ def test_bad_bounds_end_synth_in_one_line_naming_the_setting(overrides: dict[str
 
 
 def test_the_settings_come_from_the_command_line_too() -> None:
-    from settings import settings_from
-
     s = settings_from({**PROJECT_CONTEXT, "decode_max_replicas": "3", "decode_target_ongoing_requests": "8"})
     assert (s.side_max_replicas("decode"), s.decode_target_ongoing_requests, s.autoscales("decode")) == (3, 8.0, True)
     assert not s.autoscales("prefill") and s.any_autoscaling

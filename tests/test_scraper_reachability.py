@@ -19,6 +19,7 @@ from serve_config import METRICS_PORT
 from settings.model import ENDPOINT_ACCESS_MODES
 from tests.conftest import rayservice_from, resources, synth
 from tests.support import reachability, security_groups
+from tests.support.cluster import workloads
 from tests.support.reachability_cluster import policies_of, private_subnets
 from tests.support.security_groups import Interface, connects
 from tests.support.template_graph import depends_on
@@ -96,8 +97,6 @@ def test_the_collector_reaches_the_api_endpoint_on_443_and_every_ray_pod_on_8080
 
 
 def rayservice_pods(template: dict[str, Any]) -> list[reachability.Peer]:
-    from tests.support.cluster import workloads
-
     peers = reachability.pod_peers(workloads(template, "1.36"), private_subnets(template)[0])
     ray = [p for p in peers if p.labels.get("ray.io/is-ray-node") == "yes"]
     assert ray

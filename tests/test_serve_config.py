@@ -22,7 +22,7 @@ from serve_config.checks import kuberay_resources, problems
 from serve_config.deployments import options_of
 from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION
-from tests.conftest import ROOT, require_serve_deps
+from tests.conftest import ROOT, rayservice_from, require_serve_deps, synth
 
 pytestmark = pytest.mark.private_internals
 
@@ -273,7 +273,7 @@ def test_build_pd_openai_app_builds_prefill_and_decode(rayservice: dict[str, Any
         assert bundles
         assert all(bundle.get(side) == 1 and bundle.get("GPU") == 1 for bundle in bundles), bundles
     assert len(deployments) == 3  # ingress, decode, prefill
-    from ray_pods.api_keys import ApiKeyIngress
+    from ray_pods.api_keys import ApiKeyIngress  # imports ray: make test-fast runs without it
 
     (ingress,) = [d for n, d in deployments.items() if not n.startswith(("Prefill:", "Decode:"))]
     assert issubclass(ingress._replica_config.deployment_def, ApiKeyIngress)
@@ -397,8 +397,6 @@ AGGREGATED = {"serving_mode": "aggregated"}
 
 
 def test_aggregated_mode_runs_build_openai_app_without_kv_transfer() -> None:
-    from tests.conftest import rayservice_from, synth
-
     doc = rayservice_from(synth(**AGGREGATED))
     (app,) = yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"]
     assert app["import_path"] == "ray.serve.llm:build_openai_app"
@@ -417,8 +415,6 @@ def test_aggregated_mode_runs_build_openai_app_without_kv_transfer() -> None:
 
 
 def test_our_checks_reject_kv_transfer_or_a_pinned_bundle_in_aggregated_mode() -> None:
-    from tests.conftest import rayservice_from, synth
-
     doc = copy.deepcopy(rayservice_from(synth(**AGGREGATED)))
     config = yaml.safe_load(doc["spec"]["serveConfigV2"])
     llm = config["applications"][0]["args"]["llm_configs"][0]
@@ -443,8 +439,6 @@ def test_build_openai_app_builds_the_aggregated_replicas(local_ray: None) -> Non
     from ray.serve.llm import build_openai_app
     from ray.serve.schema import ServeDeploySchema
 
-    from tests.conftest import rayservice_from, synth
-
     doc = yaml.safe_load(rayservice_from(synth(**AGGREGATED))["spec"]["serveConfigV2"])
     ServeDeploySchema.model_validate(doc)
     built = build_app(build_openai_app(doc["applications"][0]["args"]), name="llm")
@@ -462,8 +456,6 @@ def test_build_openai_app_builds_the_aggregated_replicas(local_ray: None) -> Non
 def test_vllm_accepts_the_aggregated_engine_kwargs() -> None:
     require_serve_deps()
     from vllm.engine.arg_utils import AsyncEngineArgs
-
-    from tests.conftest import rayservice_from, synth
 
     doc = yaml.safe_load(rayservice_from(synth(**AGGREGATED))["spec"]["serveConfigV2"])
     (config,) = doc["applications"][0]["args"]["llm_configs"]

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+import app
+from app import warnings
 from settings import Settings, SettingsError, settings_from, settings_from_cli
 from settings.sizing import gpu_memory_plan
 from tests.conftest import PROJECT_CONTEXT, ROOT
@@ -202,7 +204,6 @@ def test_a_cdk_refusal_while_building_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """jsii surfaces CDK errors as RuntimeError with a JavaScript stack; main() prints their first line."""
-    import app
 
     def refuse() -> None:
         raise RuntimeError("AmiTypeDoesNotMatchInstanceArchitecture: the AMI does not match\n    at Kernel._ensureSync")
@@ -222,8 +223,6 @@ def test_max_model_len_up_to_the_models_context_length_is_accepted() -> None:
 
 
 def test_a_public_endpoint_open_to_the_world_warns_in_one_line() -> None:
-    from app import warnings
-
     (line,) = warnings(Settings())
     assert "0.0.0.0/0" in line and "public_access_cidrs" in line and "\n" not in line
     assert warnings(Settings(public_access_cidrs=("203.0.113.0/24",))) == []

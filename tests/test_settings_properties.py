@@ -10,6 +10,7 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from app import build_app
 from settings import SETTING_NAMES, Settings, SettingsError, settings_from
 from settings.catalog import INSTANCE_TYPES, MODELS, REGION_AZS
 from tests.conftest import PROJECT_CONTEXT
@@ -132,7 +133,6 @@ def test_settings_either_load_or_fail_in_one_line_naming_a_key(values: dict[str,
 @given(overrides)
 def test_settings_that_validate_always_synthesize(values: dict[str, Any]) -> None:
     """No jsii, CDK or cdk-nag error waits behind a setting that passed validation."""
-    from app import build_app
 
     context = _context(values)
     try:

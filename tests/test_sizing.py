@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from app import build_app
 from settings import Settings, SettingsError, catalog, settings_from, sizing
 from settings.project import STACK_NAME
 from tests.conftest import PROJECT_CONTEXT, pod_identity_policy, rayservice_from, require_serve_deps, synth
@@ -54,7 +55,6 @@ def _gpu_root_volume_gib(template: dict[str, Any]) -> int:
 
 def _synth_uncached(**overrides: Any) -> dict[str, Any]:
     # Not conftest.synth: its cache would hand a monkeypatched catalog's template to later tests.
-    from app import build_app
 
     app, _, _ = build_app({**PROJECT_CONTEXT, **overrides})
     template: dict[str, Any] = app.synth().get_stack_by_name(STACK_NAME).template

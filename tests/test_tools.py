@@ -12,12 +12,16 @@ from typing import Any
 
 import pytest
 
-from settings import Settings
-from tests.conftest import ROOT
-from tools import bench, plan
-from tools.checks import Check, nixl_log_findings, table
+from serve_config.application import serve_config_v2
+from settings import Settings, settings_from_cli
+from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
+from tests.conftest import ROOT, require_serve_deps
+from tools import bench, bench_compare, plan
+from tools.bench_compare import goodput
+from tools.checks import Check, driver_check, nixl_log_findings, table
 from tools.cluster_access import NixlSnapshot, metric_total
-from tools.verify_judgement import metrics_check, placement_check
+from tools.polling import grew, poll, poll_until_grown
+from tools.verify_judgement import metrics_check, no_nixl_check, placement_check, prefill_check, served_check
 
 DATA = Path(__file__).parent / "data"
 
@@ -132,7 +136,6 @@ def test_bench_row_csv_and_chart(tmp_path: Path) -> None:
 @pytest.mark.serve
 def test_bench_flags_exist_in_the_installed_vllm(tmp_path: Path) -> None:
     """Every flag bench passes is one `vllm bench serve` of the image's vLLM accepts."""
-    from tests.conftest import require_serve_deps
 
     require_serve_deps()
     command = bench.bench_command(
@@ -182,8 +185,6 @@ def test_plan_prints_the_scale_up_budget_term_by_term_and_the_cost_range(capsys:
 
 
 def test_default_settings_object_is_what_tools_load() -> None:
-    from settings import settings_from_cli
-
     assert settings_from_cli([]) == Settings()
 
 
@@ -202,9 +203,6 @@ def test_the_efa_rails_line_is_required_and_tcp_fails_the_default() -> None:
 
 
 def test_driver_check_against_the_images_cuda() -> None:
-    from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
-    from tools.checks import driver_check
-
     assert driver_check({"p": "580.159.03\n", "d": "580.159.03"}, IMAGE_MIN_NVIDIA_DRIVER).ok
     old = driver_check({"p": "570.86.15"}, IMAGE_MIN_NVIDIA_DRIVER)
     assert not old.ok and "570.86.15 < 580" in old.detail
@@ -213,8 +211,6 @@ def test_driver_check_against_the_images_cuda() -> None:
 
 
 def test_counters_are_polled_until_they_grow() -> None:
-    from tools.polling import poll_until_grown
-
     readings = iter([NixlSnapshot(4, 0.4, 0), NixlSnapshot(4, 0.4, 0), NixlSnapshot(5, 0.5, 0)])
     slept: list[float] = []
     after = poll_until_grown(lambda: next(readings), NixlSnapshot(4, 0.4, 0), sleep=slept.append)
@@ -226,8 +222,6 @@ def test_counters_are_polled_until_they_grow() -> None:
 
 
 def test_prefill_must_have_served() -> None:
-    from tools.verify_judgement import prefill_check
-
     assert prefill_check(100.0, 612.0).ok
     assert not prefill_check(100.0, 100.0).ok
     assert not prefill_check(None, None).ok
@@ -249,8 +243,6 @@ def test_without_a_cluster_the_tools_end_in_one_line(tmp_path: Path, tool: str) 
 
 
 def test_prefill_tokens_are_polled_until_they_grow() -> None:
-    from tools.polling import grew, poll
-
     readings = iter([None, 1.0, 1.0, 180.0])
     slept: list[float] = []
     assert poll(lambda: next(readings), grew(1.0), sleep=slept.append) == 180.0
@@ -303,8 +295,6 @@ GOOD, SLOW_TTFT = (0.5, 0.05, 100.0), (3.0, 0.05, 100.0)
 def test_compare_gives_the_known_verdict(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], pd: Any, agg: Any, expected: str
 ) -> None:
-    from tools import bench_compare
-
     a = _result_set(tmp_path / "pd", "disaggregated", pd)
     b = _result_set(tmp_path / "agg", "aggregated", agg)
     assert bench.main(["compare", str(a), str(b)]) == 0
@@ -319,8 +309,6 @@ def test_compare_gives_the_known_verdict(
 
 
 def test_goodput_counts_only_requests_within_both_slos_and_without_errors() -> None:
-    from tools.bench_compare import goodput
-
     result = {
         "duration": 2.0,
         "ttfts": [0.1, 0.1, 3.0, 0.1],
@@ -334,8 +322,6 @@ def test_goodput_counts_only_requests_within_both_slos_and_without_errors() -> N
 def test_bench_labels_the_result_with_the_live_mode() -> None:
     import yaml
 
-    from serve_config.application import serve_config_v2
-
     for mode in ("disaggregated", "aggregated"):
         config = yaml.safe_load(serve_config_v2(Settings(serving_mode=mode)))
         described = bench.describe_serve_config(config)
@@ -347,8 +333,6 @@ def test_bench_labels_the_result_with_the_live_mode() -> None:
 
 
 def test_aggregated_verify_wants_no_nixl_at_all() -> None:
-    from tools.verify_judgement import no_nixl_check, served_check
-
     quiet = 'ray_vllm_prompt_tokens_total{model_name="m"} 12.0\n'
     assert no_nixl_check({"w1": quiet, "w2": quiet}, {"w1": "", "w2": ""}).ok
     nixl_metrics = (DATA / "decode_metrics_after.prom").read_text()

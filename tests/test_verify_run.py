@@ -13,10 +13,12 @@ from typing import Any
 import pytest
 
 from settings import Settings
+from settings.catalog import IMAGE_NIXL_VERSION, IMAGE_RAY_VERSION, IMAGE_VLLM_VERSION
 from tests.conftest import ROOT
 from tests.support.fake_cluster import KEY, FakeCluster, install
-from tools import verify
+from tools import verify, verify_observability
 from tools.checks import Check, table
+from tools.cluster_access import first_key
 from tools.polling import EXPORT_INTERVAL_SECONDS, settled
 from tools.verify_judgement import image_checks
 
@@ -150,8 +152,6 @@ def test_without_a_readable_secret_verify_says_so_in_one_row(monkeypatch: pytest
 
 
 def test_the_secrets_first_key_and_errors_that_never_show_one() -> None:
-    from tools.cluster_access import first_key
-
     assert first_key('{"team-a": "k1", "team-b": "k2"}') == "k1"
     for bad in ("not json", "{}", '["k1"]', '{"a": ""}'):
         with pytest.raises(RuntimeError) as err:
@@ -226,8 +226,6 @@ def test_the_probe_runs_for_real_on_this_machines_venv() -> None:
 
 
 def test_image_pins_equal_the_lock() -> None:
-    from settings.catalog import IMAGE_NIXL_VERSION, IMAGE_RAY_VERSION, IMAGE_VLLM_VERSION
-
     lock = (ROOT / "requirements-serve.lock").read_text()
     pins = dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)", lock, re.MULTILINE))
     assert pins["ray"] == IMAGE_RAY_VERSION
@@ -240,7 +238,6 @@ def test_main_exits_1_when_only_one_dashboard_panel_has_no_data(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Every core check passes and every other panel has data: one empty panel alone fails verify."""
-    from tools import verify_observability
 
     cluster = install(monkeypatch, FakeCluster())
     title, empty = next((t, q) for t, q in verify_observability.dashboard_queries() if t.startswith("KV-cache use"))

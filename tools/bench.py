@@ -55,6 +55,7 @@ from serve_config import DECODE, SERVE_PORT, ingress_service_name
 from serve_config.deployments import NAME_PREFIXES
 from settings import Settings
 from settings.cli import USAGE_EXIT, cli_settings
+from tools.bench_compare import main as compare_main
 from tools.cluster_access import (
     ClusterUnreachableError,
     EndpointKeyError,
@@ -67,6 +68,7 @@ from tools.cluster_access import (
     unreachable_message,
     worker_pods,
 )
+from tools.polling import settled
 
 FIELDS = (
     "input_len",
@@ -340,8 +342,6 @@ def sweep(
     out: Path,
     serving_mode: str | None = None,
 ) -> list[dict[str, Any]]:
-    from tools.polling import settled
-
     groups = worker_pods(settings)
     # Decode decodes in P/D mode; in aggregated mode every replica does both.
     sides = [DECODE] if serving_mode != "aggregated" else sorted(groups)
@@ -382,8 +382,6 @@ def sweep(
 def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
     if raw[:1] == ["compare"]:
-        from tools.bench_compare import main as compare_main
-
         return compare_main(raw[1:])
     parser = argparse.ArgumentParser(description="Benchmark the deployed endpoint with vllm bench serve")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")

@@ -3,7 +3,7 @@
     python -m tools.change_impact DEPLOYED.json PROPOSED.json [--markdown FILE] [-c key=value ...]
 
 The class is the most disruptive of: in place; replicas restarted; a new Ray cluster; nodes replaced
-(GPU or system); a stateful resource replaced (tools/pr_guard.py's comparison, which blocks it).
+(GPU or system); a stateful resource replaced (tools/template_diff.py's comparison, which pr_guard blocks on).
 
 - Serve: Serve's own controller code on the two serve configs (tools/serve_controller.py): a changed
   code version restarts every replica; otherwise each deployment's DeploymentVersion tells whether its
@@ -36,6 +36,7 @@ from settings import Settings, sizing
 from settings.cli import cli_settings
 from tools import serve_controller
 from tools.review import render
+from tools.template_diff import destructive_changes
 
 
 class Impact(enum.IntEnum):
@@ -274,8 +275,6 @@ def markdown(c: Classification, s: Settings) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools.pr_guard import destructive_changes
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("deployed", type=Path)
     parser.add_argument("proposed", type=Path)

@@ -2,7 +2,7 @@
 
     python -m tools.pr_guard DEPLOYED.json PROPOSED.json [--allow true|false] [--markdown FILE]
 
-The comparison is @aws-cdk/cloudformation-diff's (tools/destructive_changes.mjs),
+The comparison is @aws-cdk/cloudformation-diff's (tools/template_diff.py runs tools/destructive_changes.mjs),
 the same library `cdk diff` uses; this script adds the opt-in and the summary.
 The summary also names what the change interrupts, and for how long (tools/change_impact.py:
 in place, replicas restarted, a new Ray cluster, nodes replaced, a stateful resource replaced).
@@ -12,39 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from settings import settings_from_cli
-from settings.project import ROOT
 from tools import change_impact
+from tools.template_diff import destructive_changes
 
 OPT_IN_LABEL = "allow-destructive-change"
-
-
-def node() -> str:
-    found = shutil.which("node", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    if found is None:
-        raise SystemExit("node not found: run `make setup`")
-    return found
-
-
-def destructive_changes(before: Path, after: Path) -> list[dict[str, str]]:
-    result = subprocess.run(
-        [node(), str(ROOT / "tools" / "destructive_changes.mjs"), str(before), str(after)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-    )
-    if result.returncode not in (0, 1):
-        raise SystemExit(f"template comparison failed: {result.stderr.strip()}")
-    changes: list[dict[str, str]] = json.loads(result.stdout)
-    return changes
 
 
 def impact_summary(before: dict[str, Any], after: dict[str, Any], changes: list[dict[str, str]]) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from settings import project_context
 from settings.project import ROOT, STACK_NAME
 
 REVIEW = ROOT / "review"
@@ -96,8 +97,7 @@ def stateful_review(template: dict[str, Any]) -> str:
 
 
 def default_template() -> dict[str, Any]:
-    from app import build_app
-    from settings import project_context
+    from app import build_app  # loads aws_cdk: render()'s importers set CDK_VALIDATION before it
 
     context = project_context(ROOT)
     # As the CDK CLI does, so each resource names its construct path.

@@ -30,6 +30,7 @@ from serve_config.observability_payloads import (
     render_rules,
 )
 from settings import Settings
+from tools.checks import Check
 
 # Labels a scrape of any target has; never a reason to fail.
 _BUILTIN_LABELS = frozenset({"__name__", "le", "quantile"})
@@ -192,12 +193,11 @@ def panel_checks(
     wait_seconds: float = 30.0,
     sleep: Callable[[float], None] | None = None,
     promql: bool = True,
-) -> list[Any]:
+) -> list[Check]:
     """Each panel's query must return data within `attempts` scrape intervals; one Check per panel.
 
     promql: the queries are PromQL (else CloudWatch Metrics Insights, asked as they are).
     sleep: None is time.sleep, looked up when called (as verify's own waits do)."""
-    from tools.checks import Check
 
     exempt: set[str] = set()
     if promql:
@@ -272,17 +272,16 @@ def live_checks(
     insights: Query | None = None,
     *,
     sleep: Callable[[float], None] | None = None,
-) -> list[Any]:
+) -> list[Check]:
     """verify's pipeline check, after its own request: every panel of both dashboards has data.
 
     The Grafana panels from the stack's Prometheus workspace, the CloudWatch dashboard's from
     Container Insights (the agent reports once a minute). Aggregated mode has no NIXL: its KV
     panels are not asked for."""
-    from tools.checks import Check
 
     if not s.observability:
         return []
-    found: list[Any] = []
+    found: list[Check] = []
     try:
         ask = query if query is not None else workspace_query(s)
     except Exception as err:  # no credentials, no workspace: one FAIL row, not a crash

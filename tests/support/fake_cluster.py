@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools import cluster_access, verify, verify_observability
+
 DATA = Path(__file__).parents[1] / "data"
 EXPORT_S = 10.0
 # Ray's export ticks fall at 5 s, 15 s, ... of verify's clock: not in step with it.
@@ -140,8 +142,6 @@ def install(monkeypatch: Any, cluster: FakeCluster) -> FakeCluster:
     """Answer every call verify makes to the cluster and the endpoint from `cluster`."""
     import time
 
-    from tools import cluster_access, verify
-
     for module in (cluster_access, verify):
         monkeypatch.setattr(module, "kubectl", cluster.kubectl, raising=False)
         monkeypatch.setattr(module, "port_forward", cluster.port_forward, raising=False)
@@ -149,7 +149,6 @@ def install(monkeypatch: Any, cluster: FakeCluster) -> FakeCluster:
         monkeypatch.setattr(module, "http_status", cluster.http_status, raising=False)
     monkeypatch.setattr(time, "sleep", cluster.sleep)
     # Its Prometheus workspace and CloudWatch answer every panel (tests/test_observability_names.py fails them).
-    from tools import verify_observability
 
     for answers in ("workspace_query", "insights_query"):
         monkeypatch.setattr(verify_observability, answers, lambda _settings: lambda _query: [{"value": [0, "1"]}])

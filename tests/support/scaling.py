@@ -6,6 +6,8 @@ from typing import Any
 
 import yaml
 
+from tools.serve_controller import deployment_infos
+
 RANGE: dict[str, Any] = {"decode_max_replicas": 3, "decode_target_ongoing_requests": 8}
 
 
@@ -24,7 +26,6 @@ def serve_doc_of(rayservice: dict[str, Any]) -> dict[str, Any]:
 
 def deployed_rayservice(doc: dict[str, Any]) -> dict[str, Any]:
     """What Serve's controller runs for the serve config's one application (tools/serve_controller.py)."""
-    from tools.serve_controller import deployment_infos
 
     (app,) = doc["applications"]
     return deployment_infos(app)

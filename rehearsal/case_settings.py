@@ -1,0 +1,24 @@
+"""CASE_SETTINGS: the product's settings for a case, as a user would set them (the stack is synthesized with them).
+
+Below both rehearsal/cases.py, which runs the cases, and the phases that synthesize a case's product
+again (rehearsal/scaling.py's bound change).
+"""
+
+from __future__ import annotations
+
+from rehearsal.keys import KEY_SETTINGS
+
+# The cases that deploy the product in another serving mode (a setting, as a user would set it).
+# The two serving cases run with API keys on the endpoint, as a user with keys deploys (and like with like
+# for bench compare); the failure cases keep the defaults.
+# The serving cases also size Serve's admission bounds for requests of 1,024 tokens, as a user whose
+# requests are that short would (settings typical_request_tokens): the default 2,048 admits 13 at decode
+# on the product's GPU, and the disconnects phase holds 20 streams at once.
+SERVING_SETTINGS = {**KEY_SETTINGS, "typical_request_tokens": "1024"}
+# The scaling case: a range on prefill, as a user sets it (README "Scaling": prefill aims at 1 or 2).
+SCALING_SETTINGS = {**SERVING_SETTINGS, "prefill_max_replicas": "2", "prefill_target_ongoing_requests": "2"}
+CASE_SETTINGS: dict[str, dict[str, str]] = {
+    "pd": {**SERVING_SETTINGS},
+    "aggregated": {"serving_mode": "aggregated", **SERVING_SETTINGS},
+    "scaling": SCALING_SETTINGS,
+}
