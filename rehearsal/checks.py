@@ -14,6 +14,7 @@ from rehearsal.deploy import kuberay_headers
 from rehearsal.network import DASHBOARD, DECODE_METRICS, PREFILL_METRICS, SERVE, http, metrics_text, status_of
 from settings.project import ROOT
 from tools import bench as tools_bench
+from tools import bench_results
 from tools.checks import Check, nixl_log_findings
 from tools.cluster_access import PROMPT_TOKENS, EngineSnapshot, NixlSnapshot, http_json, metric_total
 from tools.polling import grew, poll, poll_until_grown, settled
@@ -174,7 +175,7 @@ def short_bench(
     mode = metadata["serving_mode"]
     rows = []
     for input_len, concurrency in BENCH_POINTS:
-        point = tools_bench.Point(input_len, concurrency)
+        point = bench_results.Point(input_len, concurrency)
         name = f"run-{input_len}-{concurrency}.json"
         # A baseline once Ray's export has held still, as `make bench` takes it (tools.bench.sweep).
         (before, engine_before), tokens_before = settled(snapshot), all_prompt_tokens()
@@ -192,7 +193,7 @@ def short_bench(
         else:
             after, engine_after = grown((before, engine_before))
         result = json.loads((out / name).read_text())
-        rows.append(tools_bench.row(point, result, before, after, engine_before, engine_after, serving_mode=mode))
-    tools_bench.write_csv(rows, out / "results.csv")
-    tools_bench.write_chart(rows, out / "results.png", f"CPU rehearsal: {model_id} (tiny stand-in), {mode}")
+        rows.append(bench_results.row(point, result, before, after, engine_before, engine_after, serving_mode=mode))
+    bench_results.write_csv(rows, out / "results.csv")
+    bench_results.write_chart(rows, out / "results.png", f"CPU rehearsal: {model_id} (tiny stand-in), {mode}")
     print(f"bench ({mode}): {out / 'results.csv'}, {out / 'results.png'}")

@@ -20,7 +20,7 @@ from rehearsal.network import DASHBOARD, SERVE, RehearsalError, http
 from serve_config import SIDES
 from settings import project_context
 from settings.project import ROOT, STACK_NAME
-from tools.review import render
+from tools.template_text import render
 
 # The only changes made to the product's serve config, and why (a test pins this set).
 CPU_DELTAS: dict[str, str] = {

@@ -28,6 +28,7 @@ from rehearsal.engine_deaths import node_namespace
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, SERVE, metrics_text
 from settings.project import ROOT
 from tools import bench as tools_bench
+from tools import bench_results
 from tools.checks import Check
 from tools.cluster_access import EngineSnapshot, NixlSnapshot
 from tools.polling import poll, settled
@@ -77,7 +78,7 @@ def sustained_load_check(ctx: Context) -> list[Any]:
     while time.monotonic() - started < LOAD_S:
         name = f"load-{len(results)}.json"
         command = tools_bench.bench_command(
-            base_url=SERVE, model=ctx.model_id, point=tools_bench.Point(INPUT_LEN, CONCURRENCY),
+            base_url=SERVE, model=ctx.model_id, point=bench_results.Point(INPUT_LEN, CONCURRENCY),
             output_len=OUTPUT_LEN, num_prompts=BATCH, result_dir=out, result_file=name, tokenizer=str(ctx.model_dir),
         )  # fmt: skip
         # Another seed per batch: a repeated prompt would be a prefix-cache hit on decode, with no transfer.
@@ -105,7 +106,7 @@ def sustained_load_check(ctx: Context) -> list[Any]:
     nixl_failed = nixl_after.failed - nixl_before.failed
     ttft = [t for r in results for t in r.get("ttfts", []) if t]
     itl = [t for r in results for request in r.get("itls", []) for t in request]
-    engine = tools_bench.engine_latency(engine_before, engine_after)
+    engine = bench_results.engine_latency(engine_before, engine_after)
     growth = {part: round(memory[-1][part] - memory[0][part], 1) for part in memory[0]}
     output_tokens = sum(sum(r.get("output_lens", [])) for r in results)
 

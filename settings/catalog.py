@@ -48,7 +48,7 @@ class HelmChartPin:
 
 
 # The tests render each pinned chart (../shared/charts, or fetched by
-# tools/fetch_schemas.py) with the values the stack sets, through the helm of
+# tools/dev/fetch_schemas.py) with the values the stack sets, through the helm of
 # the kubectl layer.
 KUBERAY_OPERATOR = HelmChartPin(
     chart="kuberay-operator",

@@ -15,8 +15,8 @@ from hypothesis import settings as hypothesis_settings
 
 from settings import project_context
 from settings.project import STACK_NAME
-from tools.fetch_schemas import find
-from tools.review import render
+from tools.dev.fetch_schemas import find
+from tools.template_text import render
 
 ROOT = Path(__file__).resolve().parent.parent
 # What `cdk synth` reads from files (cdk.json over cdk.context.json), through the same loader as the tools.

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import resources, synth
-from tools.review import render
+from tools.template_text import render
 
 ACCOUNT = "111122223333"
 OTHER_ACCOUNT = "444455556666"
@@ -39,7 +39,7 @@ def _names(template: dict[str, Any]) -> dict[str, str]:
 
 
 def deployed_world(template: dict[str, Any], account: str = ACCOUNT) -> dict[str, str]:
-    """What each ${...} placeholder of tools.review.render resolves to once deployed."""
+    """What each ${...} placeholder of tools.template_text.render resolves to once deployed."""
     names = _names(template)
     world = {
         "AWS::AccountId": account,

@@ -13,7 +13,7 @@ import pytest
 from settings import Settings
 from tests.support.bench_result import RESULT
 from tests.support.fake_cluster import KEY, FakeCluster
-from tools import bench
+from tools import bench, bench_results
 from tools.cluster_access import EngineSnapshot, Histogram, NixlSnapshot, histogram
 
 # A recorded run, at 4 requests (the rehearsal's size).
@@ -41,20 +41,24 @@ def _engine_text(itl_counts: dict[float, int], tpot_counts: dict[float, int], en
 # --- local recompute is flagged, and the staging copies are said -------------
 def test_a_point_with_fewer_transfers_than_requests_is_flagged(tmp_path: Path) -> None:
     before = NixlSnapshot(10, 1.0, 0)
-    short = bench.row(bench.Point(512, 4), RESULT, before, NixlSnapshot(13, 1.3, 0), serving_mode="disaggregated")
+    short = bench_results.row(
+        bench_results.Point(512, 4), RESULT, before, NixlSnapshot(13, 1.3, 0), serving_mode="disaggregated"
+    )
     assert short["requests_without_transfer"] == 1
     assert "1 of 4 requests had no NIXL transfer" in short["notes"]
     # vLLM's bench sends one ready-check request first: 5 transfers for 4 completed requests is fine.
-    full = bench.row(bench.Point(512, 4), RESULT, before, NixlSnapshot(15, 1.5, 0), serving_mode="disaggregated")
+    full = bench_results.row(
+        bench_results.Point(512, 4), RESULT, before, NixlSnapshot(15, 1.5, 0), serving_mode="disaggregated"
+    )
     assert full["requests_without_transfer"] == 0 and "no NIXL transfer" not in full["notes"]
     # Aggregated mode moves no KV at all: nothing to flag.
-    agg = bench.row(bench.Point(512, 4), RESULT, before, before, serving_mode="aggregated")
+    agg = bench_results.row(bench_results.Point(512, 4), RESULT, before, before, serving_mode="aggregated")
     assert agg["requests_without_transfer"] is None and agg["notes"] == ""
-    bench.write_csv([short, full, agg], tmp_path / "results.csv")
+    bench_results.write_csv([short, full, agg], tmp_path / "results.csv")
     with (tmp_path / "results.csv").open() as handle:
         written = list(csv.DictReader(handle))
     # The CSV itself says what nixl_ms_per_transfer leaves out, on every row that has one.
-    assert [bench.STAGING_NOTE in r["notes"] for r in written] == [True, True, False]
+    assert [bench_results.STAGING_NOTE in r["notes"] for r in written] == [True, True, False]
     assert written[0]["requests_without_transfer"] == "1"
 
 
@@ -76,7 +80,9 @@ def test_engine_latency_comes_from_the_histograms_change_over_the_point() -> Non
     after_text = _engine_text({0.01: 100, 0.05: 600}, {0.025: 5, 0.05: 8})
     assert histogram(after_text, "vllm:inter_token_latency_seconds") is not None
     before, after = EngineSnapshot.of(before_text), EngineSnapshot.of(after_text)
-    point = bench.row(bench.Point(512, 4), RESULT, NixlSnapshot(0, 0, 0), NixlSnapshot(5, 0.5, 0), before, after)
+    point = bench_results.row(
+        bench_results.Point(512, 4), RESULT, NixlSnapshot(0, 0, 0), NixlSnapshot(5, 0.5, 0), before, after
+    )
     assert 25 < point["engine_median_itl_ms"] < 50 and 25 < point["engine_p99_itl_ms"] <= 50
     assert 25 < point["engine_median_tpot_ms"] < 50
     assert point["engine_mean_itl_ms"] == pytest.approx(0.05 * 0.9 * 1e3)
@@ -94,13 +100,13 @@ def test_progress_shows_the_engines_itl_beside_the_clients() -> None:
 
 
 def test_engine_figures_are_absent_without_a_scrape() -> None:
-    point = bench.row(bench.Point(512, 4), RESULT, NixlSnapshot(0, 0, 0), NixlSnapshot(0, 0, 0))
+    point = bench_results.row(bench_results.Point(512, 4), RESULT, NixlSnapshot(0, 0, 0), NixlSnapshot(0, 0, 0))
     assert point["engine_median_itl_ms"] is None and point["engine_p99_tpot_ms"] is None
 
 
 def test_bench_asks_vllm_for_per_request_tpot() -> None:
     command = bench.bench_command(
-        base_url="http://x", model="m", point=bench.Point(1, 1), output_len=1, num_prompts=1,
+        base_url="http://x", model="m", point=bench_results.Point(1, 1), output_len=1, num_prompts=1,
         result_dir=Path("/tmp"), result_file="r.json",
     )  # fmt: skip
     assert command[command.index("--percentile-metrics") + 1].split(",") == ["ttft", "tpot", "itl", "e2el"]
@@ -151,7 +157,7 @@ def test_sweep_runs_vllms_bench_with_the_key_and_flags_recompute(
         def __getattr__(self, name: str) -> Any:
             return getattr(Settings(), name)
 
-    rows = bench.sweep(Keyed(), [bench.Point(128, 1)], 16, 4, tmp_path, "disaggregated")  # type: ignore[arg-type]
+    rows = bench.sweep(Keyed(), [bench_results.Point(128, 1)], 16, 4, tmp_path, "disaggregated")  # type: ignore[arg-type]
     assert runs[0]["env"]["OPENAI_API_KEY"] == KEY
     assert KEY not in " ".join(runs[0]["command"])
     assert rows[0]["nixl_transfers"] == 3 and rows[0]["requests_without_transfer"] == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import bench, bench_compare
+from tools import bench, bench_compare, bench_results
 
 GOOD_TTFT, SLOW_TTFT = 0.5, 3.0  # against the default 2 s SLO
 TOKENS = 16
@@ -36,7 +36,7 @@ def _folder(folder: Path, mode: str, points: dict[tuple[int, int], Sequence[floa
             "median_ttft_ms": ordered[len(ordered) // 2] * 1e3, "p99_ttft_ms": ordered[-1] * 1e3,
             "median_itl_ms": 0.012, "p99_itl_ms": 60.0, "output_throughput": 100.0,
         })  # fmt: skip
-    bench.write_csv(rows, folder / "results.csv")
+    bench_results.write_csv(rows, folder / "results.csv")
     return folder
 
 

@@ -25,7 +25,7 @@ from tests.support import placement
 from tests.support.bench_result import RESULT
 from tests.support.cluster import placed
 from tests.support.fake_cluster import FakeCluster, install
-from tools import bench, verify
+from tools import bench, bench_results, verify
 
 SERVICE = "pd-llm"
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
@@ -144,5 +144,5 @@ def test_verify_and_bench_forward_to_the_ingress_service(monkeypatch: pytest.Mon
     monkeypatch.setattr(bench, "metrics_text", lambda namespace, pod: "")
     monkeypatch.setattr("tools.cluster_access.kubectl", cluster.kubectl)
     monkeypatch.setattr("tools.bench.subprocess.run", vllm_bench)
-    bench.sweep(Settings(), [bench.Point(128, 1)], 16, 4, tmp_path, "disaggregated")
+    bench.sweep(Settings(), [bench_results.Point(128, 1)], 16, 4, tmp_path, "disaggregated")
     assert forwarded == [f"{SERVICE}-ingress:{SERVE_PORT}"] * 2

@@ -38,7 +38,7 @@ from tests.conftest import (
     synth_leaks,
 )
 from tests.support.template_graph import depends_on
-from tools.review import render
+from tools.template_text import render
 
 pytestmark = pytest.mark.private_internals
 

@@ -14,7 +14,7 @@ import pytest
 
 from settings import SettingsError, settings_from
 from tests.conftest import PROJECT_CONTEXT, pod_identity_policy, resources, synth
-from tools.review import render
+from tools.template_text import render
 
 KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys"}
 KEYS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"

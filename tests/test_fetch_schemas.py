@@ -19,8 +19,8 @@ import yaml
 
 from settings.catalog import ALL_CHARTS, KUBERAY_OPERATOR, HelmChartPin
 from tests.support.helm import chart_archive
-from tools import fetch_schemas
-from tools.fetch_schemas import KUBERAY_CRD, FetchError, chart_file
+from tools.dev import fetch_schemas
+from tools.dev.fetch_schemas import KUBERAY_CRD, FetchError, chart_file
 
 
 @contextlib.contextmanager

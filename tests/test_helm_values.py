@@ -12,7 +12,7 @@ from settings.catalog import ALL_CHARTS, KUBERAY_OPERATOR, HelmChartPin
 from tests.conftest import resources, synth
 from tests.support.autoscaling import AUTOSCALING
 from tests.support.helm import chart_archive, release_values
-from tools.fetch_schemas import chart_member
+from tools.dev.fetch_schemas import chart_member
 
 PINS = {pin.chart: pin for pin in ALL_CHARTS}
 # Every optional chart: the operator for secrets, the load balancer controller, Cluster Autoscaler (a GPU range).

@@ -18,7 +18,6 @@ LIMIT = 400
 
 LONG_MODULES = {
     "settings/catalog.py": "data tables: the pinned versions, charts and instance types, each with its source",
-    "tools/bench.py": "one CLI: the sweep, its CSV and chart, and the comparison of two sweeps: to be split",
 }
 
 SKIPPED = {"tests", "node_modules", ".git", ".mypy_cache", ".ruff_cache", ".hypothesis", ".schemas"}

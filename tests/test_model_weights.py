@@ -28,7 +28,7 @@ from tests.conftest import (
     synth,
 )
 from tests.support.template_graph import depends_on
-from tools.review import render
+from tools.template_text import render
 
 pytestmark = pytest.mark.private_internals
 

@@ -16,7 +16,8 @@ from cdk_constructs.network import Network
 from settings import settings_from
 from stacks.pd_inference_stack import PdInferenceStack
 from tests.conftest import PROJECT_CONTEXT, ROOT, synth
-from tools import handoff, pr_guard, review, template_diff
+from tools import handoff, pr_guard, template_diff
+from tools.dev import review
 
 
 def test_review_files_are_up_to_date(template: dict[str, Any]) -> None:

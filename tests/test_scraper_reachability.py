@@ -23,7 +23,7 @@ from tests.support.cluster import workloads
 from tests.support.reachability_cluster import policies_of, private_subnets
 from tests.support.security_groups import Interface, connects
 from tests.support.template_graph import depends_on
-from tools.review import render
+from tools.template_text import render
 
 API_PORT = 443
 

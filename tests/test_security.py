@@ -19,7 +19,7 @@ from tests.conftest import (
     synth,
     synth_leaks,
 )
-from tools.review import render
+from tools.template_text import render
 
 TOKEN_SETTINGS = {"hf_token_secret_name": "prod/hf-token", "model_id": "meta-llama/Llama-3.1-8B-Instruct"}
 NLB_SETTINGS = {"internal_endpoint_cidrs": "10.0.0.0/8,192.168.10.0/24"}

@@ -13,7 +13,7 @@ from app import build_app
 from settings import Settings, SettingsError, catalog, settings_from, sizing
 from settings.project import STACK_NAME
 from tests.conftest import PROJECT_CONTEXT, pod_identity_policy, rayservice_from, require_serve_deps, synth
-from tools.review import render
+from tools.template_text import render
 
 pytestmark = pytest.mark.private_internals
 

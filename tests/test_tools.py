@@ -16,7 +16,7 @@ from serve_config.application import serve_config_v2
 from settings import Settings, settings_from_cli
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
 from tests.conftest import ROOT, require_serve_deps
-from tools import bench, bench_compare, plan
+from tools import bench, bench_compare, bench_results, plan
 from tools.bench_compare import goodput
 from tools.checks import Check, driver_check, nixl_log_findings, table
 from tools.cluster_access import NixlSnapshot, metric_total
@@ -118,18 +118,18 @@ def test_bench_row_csv_and_chart(tmp_path: Path) -> None:
     before = NixlSnapshot.of((DATA / "decode_metrics_before.prom").read_text())
     after = NixlSnapshot.of((DATA / "decode_metrics_after.prom").read_text())
     rows = [
-        bench.row(bench.Point(2048, 4), result, before, after),
-        bench.row(bench.Point(512, 4), {**result, "median_ttft_ms": 300.0}, before, after),
-        bench.row(bench.Point(2048, 1), {**result, "median_ttft_ms": 700.0}, before, before),
+        bench_results.row(bench_results.Point(2048, 4), result, before, after),
+        bench_results.row(bench_results.Point(512, 4), {**result, "median_ttft_ms": 300.0}, before, after),
+        bench_results.row(bench_results.Point(2048, 1), {**result, "median_ttft_ms": 700.0}, before, before),
     ]
     assert rows[0]["median_ttft_ms"] == 987.1
     assert rows[0]["nixl_transfers"] == 1.0
     assert rows[0]["nixl_ms_per_transfer"] == pytest.approx(86.0)
     assert rows[2]["nixl_ms_per_transfer"] is None
-    bench.write_csv(rows, tmp_path / "results.csv")
+    bench_results.write_csv(rows, tmp_path / "results.csv")
     with (tmp_path / "results.csv").open() as handle:
         assert len(list(csv.DictReader(handle))) == 3
-    bench.write_chart(rows, tmp_path / "results.png", "test")
+    bench_results.write_chart(rows, tmp_path / "results.png", "test")
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -139,7 +139,7 @@ def test_bench_flags_exist_in_the_installed_vllm(tmp_path: Path) -> None:
 
     require_serve_deps()
     command = bench.bench_command(
-        base_url="http://127.0.0.1:1", model="m", point=bench.Point(1, 1), output_len=1,
+        base_url="http://127.0.0.1:1", model="m", point=bench_results.Point(1, 1), output_len=1,
         num_prompts=1, result_dir=tmp_path, result_file="r.json",
     )  # fmt: skip
     assert command[:3] == [sys.executable, "-m", "tools.vllm_bench"]
@@ -267,7 +267,7 @@ def _result_set(folder: Path, mode: str, points: dict[tuple[int, int], tuple[flo
                 "nixl_transfers": 10 if mode == "disaggregated" else 0, "nixl_ms_per_transfer": None, "nixl_failed": 0,
             }
         )  # fmt: skip
-    bench.write_csv(rows, folder / "results.csv")
+    bench_results.write_csv(rows, folder / "results.csv")
     return folder
 
 

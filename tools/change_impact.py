@@ -35,8 +35,8 @@ from serve_config.pod_templates import cluster_config_hash
 from settings import Settings, sizing
 from settings.cli import cli_settings
 from tools import serve_controller
-from tools.review import render
 from tools.template_diff import destructive_changes
+from tools.template_text import render
 
 
 class Impact(enum.IntEnum):

@@ -12,7 +12,7 @@ const require = createRequire(import.meta.url);
 const { fullDiff, ResourceImpact } = require("@aws-cdk/cloudformation-diff");
 
 // Losing one of these loses a cluster, its network or its GPUs' placement
-// (the list is shared with tools/review.py's logical-id record).
+// (the list is shared with tools/dev/review.py's logical-id record).
 const STATEFUL_TYPES = JSON.parse(readFileSync(new URL("./stateful_types.json", import.meta.url), "utf8"));
 const DESTRUCTIVE = new Set([
   ResourceImpact.WILL_REPLACE,

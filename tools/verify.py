@@ -34,7 +34,7 @@ from serve_config.pod_templates import worker_resources
 from settings import Settings
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
 from settings.cli import USAGE_EXIT, cli_settings
-from tools import image_probe, verify_observability
+from tools import verify_observability
 from tools.checks import DEFAULT_PROVIDER, Check, driver_check, nixl_log_findings, table
 from tools.cluster_access import (
     PROMPT_TOKENS,
@@ -52,6 +52,7 @@ from tools.cluster_access import (
     unreachable_message,
     worker_pods,
 )
+from tools.in_pod import image_probe
 from tools.polling import grew, poll, poll_until_grown, settled
 from tools.verify_judgement import (
     PREWARM_SKIPPED,
@@ -71,7 +72,7 @@ LOG_GREP = f"grep -h -i -E 'nixl|libfabric|backend|provider' {RAY_LOGS}/*.out {R
 
 
 def image_probe_command(namespace: str, pod: str, *, s3: bool) -> list[str]:
-    """kubectl arguments running tools/image_probe.py in a pod, with the image's own python."""
+    """kubectl arguments running tools/in_pod/image_probe.py in a pod, with the image's own python."""
     source = Path(image_probe.__file__).read_text()
     run = 'exec "$(command -v python3 || command -v python)" -c "$0" "$@"'
     return ["exec", "-n", namespace, pod, "--", "sh", "-c", run, source, *(["--s3"] if s3 else [])]

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from serve_config import EFA_RESOURCE, SIDES
-from tools import image_probe
 from tools.checks import IMAGE_PINS, Check, nixl_log_findings
 from tools.cluster_access import (
     FAILED_TRANSFERS,
@@ -15,6 +14,7 @@ from tools.cluster_access import (
     NixlSnapshot,
     metric_total,
 )
+from tools.in_pod import image_probe
 
 
 def prefill_check(before: float | None, after: float | None) -> Check:

@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from settings.catalog import ALL_CHARTS, KUBERNETES_VERSIONS, HelmChartPin, layer_package
-from tools.fetch_schemas import OUT, chart_file, find
-from tools.review import render as render_token
+from tools.dev.fetch_schemas import OUT, chart_file, find
+from tools.template_text import render as render_token
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

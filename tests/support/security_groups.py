@@ -8,7 +8,7 @@ The semantics of VPC security groups (Amazon VPC User Guide, "Security group rul
 - a group whose template gives no `SecurityGroupEgress` keeps EC2's default egress rule (all
   traffic anywhere); giving any inline egress rule replaces it. Standalone
   `AWS::EC2::SecurityGroupEgress` resources add to the group and do not remove the default.
-Groups are named by the CloudFormation value that yields their id (tools.review.render of the
+Groups are named by the CloudFormation value that yields their id (tools.template_text.render of the
 `Fn::GetAtt`), so an imported or EKS-made group (the cluster security group) is one too.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tools.review import render
+from tools.template_text import render
 
 
 @dataclass(frozen=True)

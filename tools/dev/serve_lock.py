@@ -1,6 +1,6 @@
 """Write requirements-serve.lock: the exact serving Python stack, for `pip install --no-deps`.
 
-    python -m tools.serve_lock      (in a venv where `make setup-serve` has run)
+    python -m tools.dev.serve_lock      (in a venv where `make setup-serve` has run)
 
 One environment serves the validation tests and the CPU rehearsal: Ray at the
 image's version with its llm extra, and vLLM at the image's version as

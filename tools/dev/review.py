@@ -1,6 +1,6 @@
 """Write what a reviewer needs to read from the synthesized template, as line-diffable files.
 
-    python -m tools.review [--check]
+    python -m tools.dev.review [--check]
 
 - review/kubernetes.yaml: every Helm release (chart, version, values) and every
   Kubernetes manifest, with serveConfigV2 decoded into YAML. In the template
@@ -22,6 +22,7 @@ import yaml
 
 from settings import project_context
 from settings.project import ROOT, STACK_NAME
+from tools.template_text import render
 
 REVIEW = ROOT / "review"
 KUBERNETES = REVIEW / "kubernetes.yaml"
@@ -39,20 +40,6 @@ def _literal(dumper: yaml.SafeDumper, text: _Literal) -> yaml.Node:
 
 
 yaml.SafeDumper.add_representer(_Literal, _literal)
-
-
-def render(value: Any) -> str:
-    """A template string, with CloudFormation references as ${...} placeholders."""
-    if isinstance(value, str):
-        return value
-    if "Fn::Join" in value:
-        separator, parts = value["Fn::Join"]
-        return str(separator).join(render(p) for p in parts)
-    if "Ref" in value:
-        return "${" + str(value["Ref"]) + "}"
-    if "Fn::GetAtt" in value:
-        return "${" + ".".join(value["Fn::GetAtt"]) + "}"
-    return json.dumps(value, sort_keys=True)
 
 
 def _path(resource: dict[str, Any], logical_id: str) -> str:

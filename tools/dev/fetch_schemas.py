@@ -1,6 +1,6 @@
 """The pinned Helm chart archives and the KubeRay CRD, for a clone without ../shared.
 
-    python -m tools.fetch_schemas [--if-missing]
+    python -m tools.dev.fetch_schemas [--if-missing]
 
 The tests render every chart the stack installs with the real helm, and check
 the RayService against KubeRay's CRD. CI and the team's machines read these

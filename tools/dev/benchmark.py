@@ -1,6 +1,6 @@
 """Synth speed against an empty aws-cdk-lib app, and the test suite's wall time. Prints; asserts nothing.
 
-    python -m tools.benchmark [--runs 5] [--no-tests]
+    python -m tools.dev.benchmark [--runs 5] [--no-tests]
 
 Each synth is a fresh `python app.py` process, as `cdk synth` runs it, after one
 warm-up run (so the OS file cache is warm). The empty app imports aws-cdk-lib,
