@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 from settings import Settings
+from settings.project import ROOT
 
 # The endpoint's API keys (setting endpoint_api_keys_secret_name): External Secrets
 # syncs the Secrets Manager secret, a JSON object {"<key id>": "<key>", ...}, into
@@ -43,7 +43,7 @@ RAY_PODS_CODE_ANNOTATION = "pd-inference.aws/ray-pods-code"
 
 def ray_pods_files() -> dict[str, str]:
     """The ray_pods package's modules, by file name: the ConfigMap's data."""
-    package = Path(__file__).resolve().parent.parent / RAY_PODS_PACKAGE
+    package = ROOT / RAY_PODS_PACKAGE
     return {path.name: path.read_text(encoding="utf-8") for path in sorted(package.glob("*.py"))}
 
 

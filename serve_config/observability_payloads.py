@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import string
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from settings import Settings
+from settings.project import ROOT
 
-PAYLOADS = Path(__file__).resolve().parent.parent / "observability"
+PAYLOADS = ROOT / "observability"
 DASHBOARD_FILE = PAYLOADS / "dashboard.json"
 RULES_FILE = PAYLOADS / "rules.yaml"
 SCRAPE_FILE = PAYLOADS / "scrape.yaml"
