@@ -10,7 +10,27 @@ resources, the labels and Secrets of the Ray pods, and the Service that reaches 
 
 from __future__ import annotations
 
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
 from settings import Settings
+
+HERE = Path(__file__).parent
+
+
+@functools.cache
+def _loaded(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((HERE / name).read_text(encoding="utf-8"))
+    return loaded
+
+
+def data_file(name: str) -> dict[str, Any]:
+    """A copy of one of the YAML files beside this package's modules, read once per process."""
+    return copy.deepcopy(_loaded(name))
 
 
 class ServeConfigError(ValueError):

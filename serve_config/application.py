@@ -6,29 +6,18 @@ with build_openai_app, one LLMConfig. Serve's per-deployment options are deploym
 
 from __future__ import annotations
 
-import copy
-import functools
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from serve_config import DECODE, PREFILL, SIDES, deployments
+from serve_config import DECODE, PREFILL, SIDES, data_file, deployments
 from serve_config.endpoint_keys import NIXL_INCARNATION_CALLBACK, ingress_cls_config
 from settings import Settings, sizing
-
-APPLICATION_FILE = Path(__file__).parent / "pd_application.yaml"
-
-
-@functools.cache
-def _application() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(APPLICATION_FILE.read_text(encoding="utf-8"))
-    return loaded
 
 
 def application_data() -> dict[str, Any]:
     """A copy of pd_application.yaml."""
-    return copy.deepcopy(_application())
+    return data_file("pd_application.yaml")
 
 
 def kv_buffer_device(settings: Settings) -> str:

@@ -8,13 +8,9 @@ nodes; and the hash of the cluster's spec that tells a running cluster built fro
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from serve_config import (
     CLUSTER_CONFIG_LABEL,
@@ -29,6 +25,7 @@ from serve_config import (
     SIDES,
     ServeConfigError,
     checks,
+    data_file,
     pod_labels,
 )
 from serve_config.application import ingress_replicas, serve_config_v2
@@ -36,22 +33,15 @@ from serve_config.endpoint_keys import RAY_PODS_CODE_ANNOTATION, mount_ray_pods_
 from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION, LOCAL_NVME_MOUNT
 
-RAYSERVICE_FILE = Path(__file__).parent / "rayservice.yaml"
 # On instance-store GPU types: the Hugging Face cache on the node's NVMe RAID0, a
 # hostPath, so a restarted pod finds the weights it downloaded (catalog.LOCAL_NVME_MOUNT).
 MODEL_CACHE_VOLUME = "model-cache"
 MODEL_CACHE_MOUNT = "/model-cache"
 
 
-@functools.cache
-def _rayservice() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(RAYSERVICE_FILE.read_text(encoding="utf-8"))
-    return loaded
-
-
 def rayservice_data() -> dict[str, Any]:
     """A copy of rayservice.yaml."""
-    return copy.deepcopy(_rayservice())
+    return data_file("rayservice.yaml")
 
 
 def replicas(settings: Settings, side: str) -> int:
