@@ -14,7 +14,7 @@ import pytest
 
 import serve_config
 from settings import SettingsError, settings_from, sizing
-from tests.conftest import PROJECT_CONTEXT, manifests, rayservice_from, synth
+from tests.conftest import PROJECT_CONTEXT, ROOT, manifests, rayservice_from, synth
 
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
 # Read from kubernetes-sigs/aws-load-balancer-controller at v3.2.2, the pinned chart's appVersion:
@@ -106,3 +106,20 @@ def test_a_timeout_past_the_nlbs_longest_delay_ends_synth_in_one_line() -> None:
     assert raised.value.key == "request_timeout_seconds"
     assert f"at most {longest} seconds with internal_endpoint_cidrs" in message
     assert "\n" not in message
+
+
+def test_the_operations_guide_gives_the_defaults_figures_from_sizing() -> None:
+    defaults = settings_from(PROJECT_CONTEXT)
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = text.split("### The internal NLB during a change", 1)[1].split("\n## ", 1)[0]
+    delay = sizing.nlb_deregistration_delay(defaults)
+    longest = sizing.NLB_MAX_DEREGISTRATION_DELAY_S - (delay - defaults.request_timeout_seconds)
+    for figure in (
+        f"({delay} s on the defaults)",
+        f"+ {sizing.NLB_DEREGISTRATION_PROPAGATION_S} s + a {sizing.NLB_DEREGISTRATION_ALLOWANCE_S} s allowance",
+        f"({sizing.ingress_prestop_seconds(defaults)} s)",
+        f"+ {sizing.RAY_STOP_GRACE_S} s for Ray's own stop ({sizing.ingress_termination_grace_seconds(defaults)} s)",
+        f"is {sizing.NLB_MAX_DEREGISTRATION_DELAY_S} s, so with the NLB",
+        f"is at most\n{longest}; synth refuses more",
+    ):
+        assert figure in section, figure
