@@ -31,6 +31,9 @@ TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 # the target group, so a replaced pod never leaves the NLB with only initial or draining targets
 # (the chart's mpod.elbv2.k8s.aws webhook selects namespaces by it; ip targets only).
 READINESS_GATE_LABELS = {"elbv2.k8s.aws/pod-readiness-gate-inject": "enabled"}
+# The controller passes this annotation's comma-separated key=value pairs to the target group as
+# ELB attributes (pkg/service/model_build_target_group.go, v3.2.2).
+TARGET_GROUP_ATTRIBUTES = "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"
 
 
 def ingress_service(*, name: str, namespace: str, selector: Mapping[str, str], port: int) -> dict[str, Any]:
@@ -88,17 +91,28 @@ def internal_nlb_service(
     selector: Mapping[str, str],
     port: int,
     source_cidrs: Sequence[str],
+    deregistration_delay_seconds: int,
     tls_certificate_arn: str | None = None,
 ) -> dict[str, Any]:
     """A LoadBalancer Service the AWS Load Balancer Controller turns into an internal NLB.
 
     With a certificate, its one listener is TLS on 443 (the NLB terminates TLS
     and forwards plain TCP to the pods' serve port); without, plain TCP on the port.
+    A deregistering target keeps its open connections for deregistration_delay_seconds
+    (settings.sizing.nlb_deregistration_delay), and past it too: the NLB may still hand a
+    deregistering target a new stream for a while, and cutting connections at the delay would end
+    that stream early; the ingress pod's preStop outlasts them both (docs/operations.md, "The
+    internal NLB during a change").
     """
+    attributes = {
+        "deregistration_delay.timeout_seconds": str(deregistration_delay_seconds),
+        "deregistration_delay.connection_termination.enabled": "false",
+    }
     annotations = {
         "service.beta.kubernetes.io/aws-load-balancer-type": "external",
         "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
         "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+        TARGET_GROUP_ATTRIBUTES: ",".join(f"{key}={value}" for key, value in attributes.items()),
     }
     listener = {"name": "serve", "port": port, "targetPort": port, "protocol": "TCP"}
     if tls_certificate_arn is not None:
@@ -134,6 +148,8 @@ class PrivateEndpoint(Construct):
         namespace / service_name / selector / port: the Service to create; the selector is the
             ingress group's (serve_config.ingress_selector), as IngressService's.
         source_cidrs: who may connect.
+        deregistration_delay_seconds: the target group's deregistration delay
+            (settings.sizing.nlb_deregistration_delay).
         tls_certificate_arn: an ACM certificate: the NLB listens with TLS on 443
             instead of plain TCP on the port. Default None (plain TCP).
         system_node_labels: where the controller runs.
@@ -154,6 +170,7 @@ class PrivateEndpoint(Construct):
         selector: Mapping[str, str],
         port: int,
         source_cidrs: Sequence[str],
+        deregistration_delay_seconds: int,
         tls_certificate_arn: str | None = None,
         system_node_labels: Mapping[str, str],
     ) -> None:
@@ -189,6 +206,7 @@ class PrivateEndpoint(Construct):
                     selector=selector,
                     port=port,
                     source_cidrs=source_cidrs,
+                    deregistration_delay_seconds=deregistration_delay_seconds,
                     tls_certificate_arn=tls_certificate_arn,
                 )
             ],

@@ -32,6 +32,7 @@ from serve_config.application import ingress_replicas, serve_config_v2
 from serve_config.endpoint_keys import RAY_PODS_CODE_ANNOTATION, mount_ray_pods_code, ray_pods_digest
 from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION, LOCAL_NVME_MOUNT
+from settings.sizing import ingress_prestop_seconds, ingress_termination_grace_seconds
 
 # On instance-store GPU types: the Hugging Face cache on the node's NVMe RAID0, a
 # hostPath, so a restarted pod finds the weights it downloaded (catalog.LOCAL_NVME_MOUNT).
@@ -242,8 +243,23 @@ def _ingress_group(
     container["image"] = settings.ray_image
     if reads_s3:
         pod["serviceAccountName"] = RAY_SERVICE_ACCOUNT
+    if settings.internal_endpoint_cidrs:
+        _outlast_nlb_drain(settings, pod, container)
     mount_ray_pods_code(settings, pod, container)
     return group
+
+
+def _outlast_nlb_drain(settings: Settings, pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """Behind the internal NLB, a terminating ingress pod keeps serving until no stream can still
+    reach it: the NLB opens connections to its deregistering target for a while, then lets each run
+    (settings.sizing.ingress_prestop_seconds). KubeRay 1.7.0 keeps both fields: BuildPod copies the
+    group template's pod spec and sets only the Ray container's command, args, environment, probes
+    and volumes (ray-operator/controllers/ray/common/pod.go), and no controller sets a lifecycle.
+    The exec `sleep` (coreutils, in any image that has the bash KubeRay runs `ray start` with) needs
+    no feature gate; the kubelet's own sleep action is GA only from Kubernetes 1.34 (beta before).
+    """
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(ingress_prestop_seconds(settings))]}}}
+    pod["terminationGracePeriodSeconds"] = ingress_termination_grace_seconds(settings)
 
 
 def _pod_templates(cluster: dict[str, Any]) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from settings import Settings
 from settings.catalog import CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERAY_OPERATOR
 from settings.estimates import PRICE_SOURCE, cost_summary, observability_summary
 from settings.model import s3_model_location
-from settings.sizing import gpu_node_bounds
+from settings.sizing import gpu_node_bounds, nlb_deregistration_delay
 
 
 class PdInferenceStack(Stack):
@@ -208,6 +208,7 @@ class PdInferenceStack(Stack):
                 selector=serve_config.ingress_selector(settings),
                 port=serve_config.SERVE_PORT,
                 source_cidrs=settings.internal_endpoint_cidrs,
+                deregistration_delay_seconds=nlb_deregistration_delay(settings),
                 tls_certificate_arn=settings.endpoint_tls_certificate_arn,
                 system_node_labels=system_nodes.labels,
             )

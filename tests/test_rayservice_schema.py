@@ -19,7 +19,13 @@ def test_synthesized_rayservice_is_valid(rayservice: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"serving_mode": "aggregated"}, {"ray_token_auth": "false"}, {"endpoint_api_keys_secret_name": "prod/llm-keys"}],
+    [
+        {"serving_mode": "aggregated"},
+        {"ray_token_auth": "false"},
+        {"endpoint_api_keys_secret_name": "prod/llm-keys"},
+        # The ingress pods' preStop and grace period behind the internal NLB.
+        {"internal_endpoint_cidrs": "10.0.0.0/8"},
+    ],
 )
 def test_other_modes_are_valid(overrides: dict[str, Any]) -> None:
     assert validation_errors(rayservice_from(synth(**overrides)), shared_file(CRD)) == []

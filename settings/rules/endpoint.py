@@ -7,12 +7,13 @@ import re
 from settings.model import Settings
 from settings.rules.base import KMS_KEY_ARN, SECRET_NAME, ipv4_network, require
 from settings.rules.bounds import span, within
+from settings.sizing import NLB_MAX_DEREGISTRATION_DELAY_S, nlb_deregistration_delay
 
 _ACM_CERTIFICATE_ARN = re.compile(r"^arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[0-9a-f-]{36}$")
 
 
 def check_internal_endpoint(s: Settings) -> None:
-    """The internal NLB's source CIDRs."""
+    """The internal NLB's source CIDRs, and a request timeout its target group's drain can cover."""
     for cidr in s.internal_endpoint_cidrs:
         net = ipv4_network(cidr)
         require(
@@ -20,6 +21,15 @@ def check_internal_endpoint(s: Settings) -> None:
             "internal_endpoint_cidrs",
             cidr,
             "IPv4 networks narrower than 0.0.0.0/0, e.g. 10.0.0.0/8",
+        )
+    if s.internal_endpoint_cidrs:
+        longest = NLB_MAX_DEREGISTRATION_DELAY_S - (nlb_deregistration_delay(s) - s.request_timeout_seconds)
+        require(
+            nlb_deregistration_delay(s) <= NLB_MAX_DEREGISTRATION_DELAY_S,
+            "request_timeout_seconds",
+            s.request_timeout_seconds,
+            f"at most {longest} seconds with internal_endpoint_cidrs (the NLB's deregistration delay, "
+            f"the ingress's drain, is at most {NLB_MAX_DEREGISTRATION_DELAY_S} s)",
         )
 
 

@@ -79,5 +79,42 @@ def graceful_shutdown(s: Settings, side: str) -> tuple[float, float]:
     return wait, 2 * wait
 
 
+# --- The internal NLB during a change: its target group's drain and the ingress pods' preStop ------
+# The AWS Load Balancer Controller deregisters an ingress pod's target as soon as the pod is
+# terminating (it drops terminating endpoints: pkg/backend/endpoint_resolver.go, v3.2.2), yet the NLB
+# keeps opening new connections to a deregistering target for about two minutes whatever its delay
+# (measured upstream, kubernetes-sigs/aws-load-balancer-controller#2366 and #3270,
+# aws/containers-roadmap#470; AWS documents no figure: unverified here).
+NLB_DEREGISTRATION_PROPAGATION_S = 120
+# The controller's deregister calls are rate-limited (its default --aws-api-throttle): an allowance
+# for a late call, unmeasured.
+NLB_DEREGISTRATION_ALLOWANCE_S = 10
+# ELB's range for deregistration_delay.timeout_seconds is 0 to 3600 s (the controller's service
+# annotations guide, v3.2.2; the NLB user guide, "Deregistration delay").
+NLB_MAX_DEREGISTRATION_DELAY_S = 3600
+# Left to the Ray container after the preStop, for its own stop on SIGTERM: Kubernetes' default
+# terminationGracePeriodSeconds.
+RAY_STOP_GRACE_S = 30
+
+
+def nlb_deregistration_delay(s: Settings) -> int:
+    """The internal NLB target group's deregistration delay: the ingress's drain, the longest a request
+    may run through it (graceful_shutdown), so a stream on a deregistering target may finish."""
+    return math.ceil(graceful_shutdown(s, "ingress")[1])
+
+
+def ingress_prestop_seconds(s: Settings) -> int:
+    """How long an ingress pod behind the NLB sleeps before its Ray container is told to stop: the
+    deregistration delay after the last connection the NLB may still open to it, so every stream it
+    accepted ends before the pod does."""
+    return nlb_deregistration_delay(s) + NLB_DEREGISTRATION_PROPAGATION_S + NLB_DEREGISTRATION_ALLOWANCE_S
+
+
+def ingress_termination_grace_seconds(s: Settings) -> int:
+    """The ingress pod's terminationGracePeriodSeconds: the kubelet counts the preStop inside it and
+    kills the pod 2 s past it, so it covers the preStop and then Ray's own stop."""
+    return ingress_prestop_seconds(s) + RAY_STOP_GRACE_S
+
+
 # --- One more replica on a new GPU node: the scale-up budget (README "The cost of a burst") -------
 # Each term is a range in seconds with where it comes from; nothing here was timed on AWS.
