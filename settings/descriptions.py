@@ -13,13 +13,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from settings import catalog
-from settings.model import ENDPOINT_ACCESS_MODES, SERVING_MODES, TENSOR_PARALLEL_SIZES
+from settings.model import ENDPOINT_ACCESS_MODES, SERVING_MODES, TENSOR_PARALLEL_SIZES, Settings
 from settings.rules.bounds import span
 from settings.sizing import (
     GPU_ROOT_MAX_GIB,
     GPU_ROOT_MIN_GIB_WITH_INSTANCE_STORE,
     GPU_ROOT_MIN_GIB_WITHOUT_INSTANCE_STORE,
     MAX_GPU_MEMORY_UTILIZATION,
+    nlb_longest_request_timeout,
 )
 
 
@@ -193,7 +194,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "request_timeout_seconds": SettingDoc(
         "Serve's proxy ends a request, a stream included, after this long: 408 if nothing was sent yet; decode's and the ingress's drain on scale-down waits this long plus 5 s; the product's ingress ends chats and completions at it too, whatever a client's headers say, with API keys or without. Applied when Serve starts (see \"Scaling\")",
-        span("request_timeout_seconds"),
+        f"{span('request_timeout_seconds')}; at most {nlb_longest_request_timeout(Settings())} with `internal_endpoint_cidrs` "
+        "(the NLB's deregistration delay covers the ingress's drain)",
     ),
     "ray_worker_idle_timeout_seconds": SettingDoc(
         "with a range on some side: how long Ray's autoscaler keeps an idle worker pod (KubeRay `idleTimeoutSeconds`)",

@@ -7,7 +7,7 @@ import re
 from settings.model import Settings
 from settings.rules.base import KMS_KEY_ARN, SECRET_NAME, ipv4_network, require
 from settings.rules.bounds import span, within
-from settings.sizing import NLB_MAX_DEREGISTRATION_DELAY_S, nlb_deregistration_delay
+from settings.sizing import NLB_MAX_DEREGISTRATION_DELAY_S, nlb_deregistration_delay, nlb_longest_request_timeout
 
 _ACM_CERTIFICATE_ARN = re.compile(r"^arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[0-9a-f-]{36}$")
 
@@ -23,7 +23,7 @@ def check_internal_endpoint(s: Settings) -> None:
             "IPv4 networks narrower than 0.0.0.0/0, e.g. 10.0.0.0/8",
         )
     if s.internal_endpoint_cidrs:
-        longest = NLB_MAX_DEREGISTRATION_DELAY_S - (nlb_deregistration_delay(s) - s.request_timeout_seconds)
+        longest = nlb_longest_request_timeout(s)
         require(
             nlb_deregistration_delay(s) <= NLB_MAX_DEREGISTRATION_DELAY_S,
             "request_timeout_seconds",

@@ -25,6 +25,7 @@ from settings.sizing.admission import (
     max_ongoing_requests,
     max_queued_requests,
     nlb_deregistration_delay,
+    nlb_longest_request_timeout,
 )
 from settings.sizing.calibration import (
     BEST_FOR_SPLIT,
@@ -177,6 +178,7 @@ __all__ = [
     "max_queued_requests",
     "min_gpu_memory_utilization",
     "nlb_deregistration_delay",
+    "nlb_longest_request_timeout",
     "pod_efa_gbps",
     "prefill_max_num_batched_tokens",
     "prefill_seconds",

@@ -103,6 +103,11 @@ def nlb_deregistration_delay(s: Settings) -> int:
     return math.ceil(graceful_shutdown(s, "ingress")[1])
 
 
+def nlb_longest_request_timeout(s: Settings) -> int:
+    """The longest request_timeout_seconds whose drain an NLB target group's deregistration delay covers."""
+    return NLB_MAX_DEREGISTRATION_DELAY_S - (nlb_deregistration_delay(s) - s.request_timeout_seconds)
+
+
 def ingress_prestop_seconds(s: Settings) -> int:
     """How long an ingress pod behind the NLB sleeps before its Ray container is told to stop: the
     deregistration delay after the last connection the NLB may still open to it, so every stream it
