@@ -30,13 +30,20 @@ def workloads(template: dict[str, Any], kubernetes_version: str) -> list[placeme
     return found
 
 
+def priority_classes(template: dict[str, Any], kubernetes_version: str) -> dict[str, placement.PriorityClass]:
+    """The PriorityClasses the charts and the stack's manifests create, and Kubernetes' own."""
+    objects = [obj for objs in rendered_releases(template, kubernetes_version).values() for obj in objs]
+    return placement.priority_classes([*objects, *manifests(template)])
+
+
 @functools.cache
 def _placed(overrides_json: str) -> placement.Placement:
     overrides: dict[str, Any] = json.loads(overrides_json)
     template = synth(**overrides)
     version = str(overrides.get("kubernetes_version", "1.36"))
     nodes = placement.nodes_from_template(template, version)
-    return placement.place(nodes, workloads(template, version), DEVICE_PLUGIN_DAEMONSETS)
+    classes = priority_classes(template, version)
+    return placement.place(nodes, workloads(template, version), DEVICE_PLUGIN_DAEMONSETS, classes)
 
 
 def placed(**overrides: Any) -> placement.Placement:

@@ -2,8 +2,16 @@
 
 Small and explicit, not a scheduler: nodeSelector, required node affinity,
 taints and tolerations, and resource requests against what is left on a node.
-DaemonSets go first (they are system-node-critical), then everything else in
-order, each replica on the eligible node with the most CPU left.
+DaemonSets go first (they are system-node-critical), then everything else by
+priority, highest first, in order within a priority (kube-scheduler's PrioritySort
+queue), each replica on the eligible node with the most CPU left. A pod that fits
+nowhere preempts, as kube-scheduler's DefaultPreemption does, pods of lower priority
+only (never of equal or higher), unless its PriorityClass says preemptionPolicy
+Never; the victims go back into the queue (Kubernetes docs, "Pod Priority and
+Preemption"). Of the nodes where evicting lower-priority pods, lowest first, makes
+room, the one whose highest victim has the lowest priority wins, then the fewest
+victims: a simplification of the scheduler's pickOneNodeForPreemption, enough where
+at most one kind of pod is preemptible.
 """
 
 from __future__ import annotations
@@ -58,6 +66,8 @@ class Node:
     allocatable: dict[str, float]
     used: dict[str, float] = field(default_factory=dict)
     pods: list[str] = field(default_factory=list)
+    # The pods bound here that are not a DaemonSet's, with their priority: what preemption may evict.
+    evictable: list[Pod] = field(default_factory=list)
 
     def free(self, resource: str) -> float:
         return self.allocatable.get(resource, 0.0) - self.used.get(resource, 0.0)
@@ -118,6 +128,37 @@ def nodes_from_template(
 
 
 # --- Pods -----------------------------------------------------------------------------
+# Kubernetes' own PriorityClasses (scheduling/types.go); any other must be in the cluster.
+BUILTIN_PRIORITY_CLASSES = {"system-node-critical": 2000001000, "system-cluster-critical": 2000000000}
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    value: int
+    preempts: bool = True
+
+
+def priority_classes(objects: Iterable[Mapping[str, Any]]) -> dict[str, PriorityClass]:
+    """The PriorityClasses among these objects, and Kubernetes' built-in ones."""
+    found = {name: PriorityClass(value) for name, value in BUILTIN_PRIORITY_CLASSES.items()}
+    for obj in objects:
+        if obj.get("kind") == "PriorityClass":
+            preempts = obj.get("preemptionPolicy", "PreemptLowerPriority") != "Never"
+            found[obj["metadata"]["name"]] = PriorityClass(int(obj["value"]), preempts)
+    return found
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One replica of a workload, with the priority its class gives it (0 without a class)."""
+
+    workload: str
+    replica: int
+    spec: Mapping[str, Any]
+    priority: int
+    preempts: bool
+
+
 @dataclass(frozen=True)
 class Workload:
     """Pods of one controller: a DaemonSet (one per eligible node) or `replicas` of one template."""
@@ -476,6 +517,9 @@ class Placement:
     # workload name -> node names, one per placed pod
     placed: dict[str, list[str]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    # (victim workload, preemptor workload, node name), in the order they happened
+    preempted: list[tuple[str, str, str]] = field(default_factory=list)
+    classes: dict[str, PriorityClass] = field(default_factory=dict)
 
     def groups_of(self, workload: str) -> set[str]:
         by_name = {n.name: n.group for n in self.nodes}
@@ -494,37 +538,112 @@ def _bind(node: Node, name: str, spec: Mapping[str, Any]) -> None:
     node.pods.append(name)
 
 
-def place(nodes: list[Node], workloads: Iterable[Workload], device_plugins: Mapping[str, str]) -> Placement:
+def _unbind(node: Node, pod: Pod) -> None:
+    for resource, amount in pod_requests(pod.spec).items():
+        node.used[resource] -= amount
+    node.pods.remove(pod.workload)
+    node.evictable.remove(pod)
+
+
+def place(
+    nodes: list[Node],
+    workloads: Iterable[Workload],
+    device_plugins: Mapping[str, str],
+    classes: Mapping[str, PriorityClass] | None = None,
+) -> Placement:
     """Place every workload. device_plugins maps a DaemonSet workload name to the release whose
-    extended resource appears on a node only once that DaemonSet runs there."""
+    extended resource appears on a node only once that DaemonSet runs there; classes: the cluster's
+    PriorityClasses by name (priority_classes()), Kubernetes' own when None."""
     nodes = copy.deepcopy(nodes)
-    result = Placement(nodes)
-    ordered = sorted(workloads, key=lambda w: not w.daemonset)
-    for workload in ordered:
-        result.placed[workload.name] = []
+    result = Placement(nodes, classes=dict(classes or priority_classes([])))
+    workloads = list(workloads)
+    for workload in workloads:
         if workload.daemonset:
-            for node in nodes:
-                if not selects_node(workload.spec, node):
-                    continue
-                reason = why_not(workload.spec, node)
-                if reason:
-                    result.failures.append(f"{workload.name} ({workload.source}) on node group {node.group}: {reason}")
-                    continue
-                _bind(node, workload.name, workload.spec)
-                result.placed[workload.name].append(node.name)
-                release = device_plugins.get(workload.name)
-                if release:
-                    instance = INSTANCE_TYPES[node.labels["node.kubernetes.io/instance-type"]]
-                    for resource, amount in DEVICE_PLUGIN_RESOURCES[release](instance).items():
-                        node.allocatable[resource] = amount
-            continue
-        for replica in range(workload.replicas):
-            candidates = [n for n in nodes if why_not(workload.spec, n) is None]
-            if not candidates:
-                reasons = "; ".join(f"node group {n.group}: {why_not(workload.spec, n)}" for n in nodes)
-                result.failures.append(f"{workload.name} replica {replica} ({workload.source}) fits no node: {reasons}")
-                continue
-            node = max(candidates, key=lambda n: (n.free("cpu"), n.name))
-            _bind(node, workload.name, workload.spec)
-            result.placed[workload.name].append(node.name)
+            _place_daemonset(result, workload, device_plugins)
+    place_more(result, [w for w in workloads if not w.daemonset])
     return result
+
+
+def _place_daemonset(result: Placement, workload: Workload, device_plugins: Mapping[str, str]) -> None:
+    result.placed[workload.name] = []
+    for node in result.nodes:
+        if not selects_node(workload.spec, node):
+            continue
+        reason = why_not(workload.spec, node)
+        if reason:
+            result.failures.append(f"{workload.name} ({workload.source}) on node group {node.group}: {reason}")
+            continue
+        _bind(node, workload.name, workload.spec)
+        result.placed[workload.name].append(node.name)
+        release = device_plugins.get(workload.name)
+        if release:
+            instance = INSTANCE_TYPES[node.labels["node.kubernetes.io/instance-type"]]
+            for resource, amount in DEVICE_PLUGIN_RESOURCES[release](instance).items():
+                node.allocatable[resource] = amount
+
+
+def place_more(result: Placement, workloads: Iterable[Workload]) -> None:
+    """Schedule these workloads' pods into an existing placement (a scale-up after the cluster came up)."""
+    queue: list[Pod] = []
+    for workload in workloads:
+        name = workload.spec.get("priorityClassName")
+        if name is not None and name not in result.classes:
+            result.failures.append(f"{workload.name} ({workload.source}): no PriorityClass {name!r} in the cluster")
+            continue
+        cls = result.classes[name] if name is not None else PriorityClass(0)
+        result.placed.setdefault(workload.name, [])
+        queue += [Pod(workload.name, i, workload.spec, cls.value, cls.preempts) for i in range(workload.replicas)]
+    # PrioritySort: highest priority first; sorted() keeps the arrival order within a priority.
+    queue = sorted(queue, key=lambda pod: -pod.priority)
+    # Preemption only ever evicts lower priorities, so it ends; a bound in case the model breaks that.
+    steps = 10 * (len(queue) + 1)
+    while queue:
+        steps -= 1
+        if steps < 0:
+            raise RuntimeError(f"preemption does not settle: {[p.workload for p in queue]}")
+        pod = queue.pop(0)
+        candidates = [n for n in result.nodes if why_not(pod.spec, n) is None]
+        if candidates:
+            _bind_pod(result, max(candidates, key=lambda n: (n.free("cpu"), n.name)), pod)
+            continue
+        victims = _preempt(result, pod)
+        if victims is None:
+            reasons = "; ".join(f"node group {n.group}: {why_not(pod.spec, n)}" for n in result.nodes)
+            result.failures.append(f"{pod.workload} replica {pod.replica} fits no node: {reasons}")
+            continue
+        # Back into the queue behind every pod of higher priority.
+        queue = sorted([*queue, *victims], key=lambda p: -p.priority)
+
+
+def _bind_pod(result: Placement, node: Node, pod: Pod) -> None:
+    _bind(node, pod.workload, pod.spec)
+    node.evictable.append(pod)
+    result.placed[pod.workload].append(node.name)
+
+
+def _preempt(result: Placement, pod: Pod) -> list[Pod] | None:
+    """Evict the fewest pods of lower priority from one node so that this pod fits there, and bind it."""
+    if not pod.preempts:
+        return None
+    options = []
+    for node in result.nodes:
+        if not selects_node(pod.spec, node):
+            continue
+        trial = copy.deepcopy(node)
+        victims: list[Pod] = []
+        for victim in sorted((p for p in node.evictable if p.priority < pod.priority), key=lambda p: p.priority):
+            if why_not(pod.spec, trial) is None:
+                break
+            _unbind(trial, next(p for p in trial.evictable if p == victim))
+            victims.append(victim)
+        if victims and why_not(pod.spec, trial) is None:
+            options.append((max(v.priority for v in victims), len(victims), node.name, node, victims))
+    if not options:
+        return None
+    *_, node, victims = min(options, key=lambda option: option[:3])
+    for victim in victims:
+        _unbind(node, victim)
+        result.placed[victim.workload].remove(node.name)
+        result.preempted.append((victim.workload, pod.workload, node.name))
+    _bind_pod(result, node, pod)
+    return victims
