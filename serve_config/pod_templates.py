@@ -58,7 +58,7 @@ def _worker_env(settings: Settings, base: list[dict[str, Any]]) -> list[dict[str
     return env
 
 
-def _token_env(settings: Settings) -> list[dict[str, Any]]:
+def token_env(settings: Settings) -> list[dict[str, Any]]:
     if settings.hf_token_secret_name is None:
         return []
     # From a Kubernetes Secret only: serveConfigV2 is plain text in the custom resource.
@@ -138,7 +138,7 @@ def rayservice(
     head["ports"].append({"containerPort": SERVE_PORT, "name": "serve"})
     head["image"] = settings.ray_image
     if settings.hf_token_secret_name is not None:
-        head["env"] = [*head.get("env", []), *_token_env(settings)]
+        head["env"] = [*head.get("env", []), *token_env(settings)]
     mount_ray_pods_code(settings, head_pod, head)
 
     reads_s3 = (settings.model_source or "").startswith("s3://")
@@ -168,7 +168,7 @@ def rayservice(
         pod["tolerations"] = [dict(gpu_toleration)]
         container = pod["containers"][0]
         container["image"] = settings.ray_image
-        container["env"] = _worker_env(settings, container.get("env", [])) + _token_env(settings)
+        container["env"] = _worker_env(settings, container.get("env", [])) + token_env(settings)
         if reads_s3:
             pod["serviceAccountName"] = RAY_SERVICE_ACCOUNT
         if settings.gpu_instance.instance_store_gb > 0:

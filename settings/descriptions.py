@@ -111,6 +111,10 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "`<kubernetes_version>.<patch>-<YYYYMMDD>`",
         "the catalog's release for `kubernetes_version` (`1.36.2-20260714` on 1.36)",
     ),
+    "gpu_warm_nodes": SettingDoc(
+        "spare GPU nodes kept warm for a scale-up or a lost node: each runs a placeholder pod (priority -10: below every Ray pod, and the lowest Cluster Autoscaler still adds a node for) that pulled the serving image and, for a Hugging Face model, downloaded the weights into the node's NVMe cache; a new engine replica preempts it and skips the launch, the pull and the download. Added to the GPU group's minimum and to the cost (see docs/operations.md, \"A warm node\")",
+        f"{span('gpu_warm_nodes')}, at most the GPU group's maximum less its minimum (a side needs a range)",
+    ),
     "gpu_availability_zone": SettingDoc(
         "the one AZ of the GPU nodes; it must offer the instance type. `make preflight PREFLIGHT_ARGS=--write-context` picks one that does and records it in `cdk.context.json`",
         "an AZ of the region",

@@ -75,11 +75,13 @@ def cost_summary(s: Settings) -> str:
     unknown = [line.item for line in lines if line.per_hour is None]
     low_nodes, high_nodes = sizing.gpu_node_bounds(s)
     low, high = hourly_cost_range(s)
+    warm = f", {s.gpu_warm_nodes} of them warm" if s.gpu_warm_nodes else ""
     if high_nodes == low_nodes:
-        text = f"~${low:.2f}/h on demand ({PRICE_REGION} prices of {PRICE_DATE}"
+        nodes = f" with {low_nodes} GPU nodes{warm}" if warm else ""
+        text = f"~${low:.2f}/h{nodes} on demand ({PRICE_REGION} prices of {PRICE_DATE}"
     else:
         text = (
-            f"~${low:.2f}/h at the minimum ({low_nodes} GPU nodes) to ~${high:.2f}/h at the maximum "
+            f"~${low:.2f}/h at the minimum ({low_nodes} GPU nodes{warm}) to ~${high:.2f}/h at the maximum "
             f"({high_nodes} GPU nodes) on demand ({PRICE_REGION} prices of {PRICE_DATE}"
         )
     if s.effective_region not in (None, PRICE_REGION):
@@ -270,26 +272,47 @@ def _seconds(low: float, high: float, floor: bool) -> str:
     return f"{low:.0f} s" if low == high else f"{low:.0f}-{high:.0f} s"
 
 
-def scale_up_table(s: Settings) -> str:
-    """For `make plan`: the time to add one replica on a new GPU node, term by term with its source, and
-    the hourly cost at the GPU group's minimum and maximum."""
-    terms = sizing.scale_up_budget(s)
+def _budget_rows(s: Settings, case: str) -> list[str]:
+    terms = sizing.scale_up_budget(s, case)
     width = max(len(t.what) for t in terms)
-    rows = [f"One more replica on a new GPU node ({s.gpu_instance_type}), term by term:"]
-    for t in terms:
-        rows.append(f"  {t.what:<{width}}  {_seconds(t.low_seconds, t.high_seconds, t.floor):>11}  {t.source}")
-    low, high = sizing.scale_up_seconds(s)
+    rows = [f"  {t.what:<{width}}  {_seconds(t.low_seconds, t.high_seconds, t.floor):>11}  {t.source}" for t in terms]
+    low, high = sizing.scale_up_seconds(s, case)
     floors = any(t.floor for t in terms)
     total = f"{low / 60:.1f}-{high / 60:.1f} min" + (" (a floor term included: longer if it is)" if floors else "")
     rows.append(f"  {'total':<{width}}  {total}")
     largest = max(terms, key=lambda t: t.high_seconds)
-    rows.append(f'  largest term: {largest.what} (docs/operations.md, "The cost of a burst": how to cut it)')
-    low_nodes, high_nodes = sizing.gpu_node_bounds(s)
-    low_cost, high_cost = hourly_cost_range(s)
+    rows.append(f"  {'largest term':<{width}}  {largest.what}")
+    return rows
+
+
+def scale_up_table(s: Settings) -> str:
+    """For `make plan`: the time to add one replica, term by term with its source, on a new GPU node (with
+    the parallel pull the stack turns on, and what a standard pull would add) and on a warm node; and
+    the hourly cost at the GPU group's minimum and maximum, warm nodes included."""
+    rows = [f"One more replica on a new GPU node ({s.gpu_instance_type}), term by term:"]
+    rows += _budget_rows(s, sizing.COLD)
+    floor_low, floor_high = sizing.seconds_before_any_pull(s)
+    rows.append(
+        f"  before any pull: {floor_low / 60:.1f}-{floor_high / 60:.1f} min (Serve, the autoscalers, the launch), "
+        "which no measure on the image or the weights shortens; only a warm node skips it"
+    )
+    standard_low, standard_high = sizing.scale_up_seconds(s, sizing.COLD_STANDARD_PULL)
+    (standard,) = [t for t in sizing.scale_up_budget(s, sizing.COLD_STANDARD_PULL) if t.what.startswith("image pull")]
+    rows.append(
+        f"  with a standard image pull ({standard.low_seconds:.0f}-{standard.high_seconds:.0f} s): "
+        f"{standard_low / 60:.1f}-{standard_high / 60:.1f} min ({standard.source})"
+    )
     node_price = INSTANCE_PRICES_PER_HOUR.get(s.gpu_instance_type)
     each = f"; each GPU node ${node_price:.2f}/h" if node_price is not None else ""
+    warm = f"gpu_warm_nodes={s.gpu_warm_nodes}" + (f", ${node_price:.2f}/h each" if node_price is not None else "")
+    rows.append(f"On a warm node ({warm}), term by term:")
+    rows += _budget_rows(s, sizing.WARM)
+    rows.append('  (docs/operations.md, "The cost of a burst": what each term depends on)')
+    low_nodes, high_nodes = sizing.gpu_node_bounds(s)
+    low_cost, high_cost = hourly_cost_range(s)
+    warm_nodes = f", {s.gpu_warm_nodes} of them warm" if s.gpu_warm_nodes else ""
     rows.append(
-        f"Hourly cost: ~${low_cost:.2f} at the minimum ({low_nodes} GPU nodes), ~${high_cost:.2f} at the maximum "
-        f"({high_nodes} GPU nodes){each} (on demand, {PRICE_REGION} prices of {PRICE_DATE})"
+        f"Hourly cost: ~${low_cost:.2f} at the minimum ({low_nodes} GPU nodes{warm_nodes}), ~${high_cost:.2f} at the "
+        f"maximum ({high_nodes} GPU nodes){each} (on demand, {PRICE_REGION} prices of {PRICE_DATE})"
     )
     return "\n".join(rows)

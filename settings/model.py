@@ -77,6 +77,10 @@ class Settings:
     # The GPU node group's EKS optimized AMI release ("1.36.2-20260714"); None: the one
     # settings/catalog.py pins for kubernetes_version (GPU_AMI_RELEASE_VERSIONS).
     gpu_ami_release_version: str | None = None
+    # Spare GPU nodes kept warm within the GPU group's maximum (docs/operations.md, "A warm node"):
+    # each holds a placeholder pod that pulled the serving image and, for a Hugging Face model,
+    # filled the node's model cache; a new engine replica preempts it. Paid for like any GPU node.
+    gpu_warm_nodes: int = 0
 
     # Serving
     model_id: str = catalog.DEFAULT_MODEL_ID

@@ -22,8 +22,10 @@ from cdk_constructs.private_endpoint import READINESS_GATE_LABELS, IngressServic
 from cdk_constructs.ray_pods_code import RayPodsCode
 from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
 from cdk_constructs.system_nodes import SystemNodes
+from cdk_constructs.warm_nodes import WarmGpuNodes
 from serve_config import endpoint_keys, pod_templates
 from serve_config.observability_payloads import render_rules, render_scrape
+from serve_config.warm_nodes import warm_node_manifests
 from settings import Settings
 from settings.catalog import CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERAY_OPERATOR
 from settings.estimates import PRICE_SOURCE, cost_summary, observability_summary
@@ -153,6 +155,7 @@ class PdInferenceStack(Stack):
             service.rayservice_manifest.node.add_dependency(weights)
         synced = synced_secrets(settings)
         secrets_releases: list[Construct] = []
+        synced_secret_manifests: list[Construct] = []
         autoscaler_releases: list[Construct] = []
         if gpu_nodes.autoscaled:
             autoscaler = ClusterAutoscaler(
@@ -183,6 +186,24 @@ class PdInferenceStack(Stack):
             secrets_releases.append(secrets_sync.release)
             secrets_sync.secret_store.node.add_dependency(service.namespace_manifest)
             service.rayservice_manifest.node.add_dependency(*secrets_sync.external_secrets)
+            synced_secret_manifests += secrets_sync.external_secrets
+        if settings.gpu_warm_nodes:
+            warm = WarmGpuNodes(
+                self,
+                "WarmGpuNodes",
+                cluster=cluster,
+                manifests=warm_node_manifests(
+                    settings,
+                    namespace=settings.serving_namespace,
+                    gpu_node_labels=gpu_nodes.labels,
+                    gpu_toleration=gpu_toleration(),
+                ),
+            )
+            # Its pods hold GPUs and read the model token: after the device plugins and the synced
+            # secrets, and deleted before them and the node groups.
+            warm.deployment.node.add_dependency(
+                service.namespace_manifest, *nodegroups, *addons.releases, *synced_secret_manifests
+            )
         code = RayPodsCode(self, "RayPodsCode", cluster=cluster, configmap=endpoint_keys.ray_pods_configmap(settings))
         code.manifest.node.add_dependency(service.namespace_manifest)
         service.rayservice_manifest.node.add_dependency(code.manifest)

@@ -146,8 +146,10 @@ def test_each_class_says_how_long_from_sizing() -> None:
     assert f"whole cluster start on the existing nodes, {image} (the new image" in said(
         Impact.NEW_RAY_CLUSTER, image_changed=True
     )
+    # A new GPU node pulls by nodeadm's parallel pull; the head's system node by a standard one.
+    fast = sizing.gpu_image_pull_seconds(parallel=True)
     new_node = minutes(
-        start.first_download_seconds + engine[0] + pull[0], start.first_download_seconds + engine[1] + pull[1]
+        start.first_download_seconds + engine[0] + fast[0], start.first_download_seconds + engine[1] + fast[1]
     )
     gpu = said(Impact.NODES_REPLACED, replaced_groups={"GPU": 1})
     assert f"a start on an empty node, {new_node}" in gpu

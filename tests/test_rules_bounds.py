@@ -18,6 +18,13 @@ NEEDS: dict[str, dict[str, Any]] = {
     "endpoint_rate_limit_rpm": {"endpoint_api_keys_secret_name": "pd-inference/api-keys"},
     "prefill_replicas": {"prefill_max_replicas": 16},
     "decode_replicas": {"decode_max_replicas": 16},
+    # Warm nodes lie within the GPU group's range: both sides at 16 leave room for 30.
+    "gpu_warm_nodes": {
+        "prefill_max_replicas": 16,
+        "decode_max_replicas": 16,
+        "prefill_target_ongoing_requests": 1.0,
+        "decode_target_ongoing_requests": 1.0,
+    },
 }
 # A side's replica counts are valid at their ends only with a target that depends on both of them.
 REPLICA_COUNTS = {"prefill_replicas", "decode_replicas", "prefill_max_replicas", "decode_max_replicas"}

@@ -83,6 +83,7 @@ CANDIDATES: dict[str, list[Any]] = {
         "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555",
         "arn:aws:acm::1:cert",
     ],
+    "gpu_warm_nodes": [0, 1, -1],
     "observability": [True, False],
     "observability_scrape_interval_seconds": [30, 15, 120],
     "alarm_email": [None, "oncall@example.com", "not an address"],

@@ -174,12 +174,19 @@ def test_plan_prints_the_scale_up_budget_term_by_term_and_the_cost_range(capsys:
         "Serve sees the load",
         "Ray adds the pod, Cluster Autoscaler the node",
         "g6.8xlarge launch and node join",
-        "image pull (~20 GB)",
+        "image pull (~20 GB, parallel)",
+        "weights (16.4 GB)",
+        "engine start",
+        "Serve sees the load",
+        "Ray adds the pod",
+        "placeholder preempted, pod started",
         "weights (16.4 GB)",
         "engine start",
     ]
     assert "AWS ML Blog" in budget and "measured on CPU" in budget and "kubernetes/autoscaler FAQ" in budget
-    assert any(line.split()[0] == "total" and "8.6-14.2 min" in line for line in lines)
+    totals = [line for line in lines if line.split()[0] == "total"]
+    assert "6.4-10.9 min" in totals[0] and "1.6-3.9 min" in totals[1]
+    assert "with a standard image pull (240-360 s): 8.6-14.2 min" in budget
     assert "~$4.65 at the minimum (2 GPU nodes), ~$8.69 at the maximum (4 GPU nodes)" in budget
     assert "Estimated cost: ~$4.65/h at the minimum (2 GPU nodes) to ~$8.69/h at the maximum (4 GPU nodes)" in out
 

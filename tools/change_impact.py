@@ -207,12 +207,15 @@ def _minutes(low: float, high: float) -> str:
     return f"about {low / 60:.1f}-{high / 60:.1f} min"
 
 
-def engine_restart_seconds(s: Settings, *, new_weights: bool, image_pull: bool) -> tuple[float, float]:
+def engine_restart_seconds(
+    s: Settings, *, new_weights: bool, image_pull: bool, gpu_nodes_only: bool = False
+) -> tuple[float, float]:
     """One engine start on a node that already runs: the weights (from the node's cache, or downloaded for
-    a new model), vLLM's start, and the image pull where the image is new to the node."""
+    a new model), vLLM's start, and the image pull where the image is new to the node: a standard pull
+    where a system node (the head) pulls it too, the GPU nodes' parallel pull where only they do."""
     start = sizing.cold_start(s)
     weights = start.first_download_seconds if new_weights else start.restart_seconds
-    pull = sizing.IMAGE_PULL_S if image_pull else (0.0, 0.0)
+    pull = sizing.gpu_image_pull_seconds(parallel=gpu_nodes_only) if image_pull else (0.0, 0.0)
     return weights + sizing.ENGINE_START_S[0] + pull[0], weights + sizing.ENGINE_START_S[1] + pull[1]
 
 
@@ -245,7 +248,7 @@ def interruption(c: Classification, s: Settings) -> str:
         if "GPU" in c.replaced_groups:
             # EKS's update launches the new nodes before it drains the old ones (docs.aws.amazon.com/eks,
             # "Managed node update behavior": scale up phase, then upgrade phase).
-            low, high = engine_restart_seconds(s, new_weights=True, image_pull=True)
+            low, high = engine_restart_seconds(s, new_weights=True, image_pull=True, gpu_nodes_only=True)
             budget_low, budget_high = sizing.scale_up_seconds(s)
             parts.append(
                 f"EKS launches new GPU nodes (the GPU quota must hold them), then drains the old "

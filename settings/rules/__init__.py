@@ -13,6 +13,7 @@ from settings.rules.nodes import (
     check_gpu_nodes,
     check_system_nodes,
     check_tensor_parallel,
+    check_warm_nodes,
 )
 from settings.rules.observability import check_observability
 from settings.rules.serving import (
@@ -34,6 +35,7 @@ def validate(s: Settings) -> Settings:
     check_model(s)
     check_scaling_bounds(s)
     check_tensor_parallel(s)
+    check_warm_nodes(s)
     check_capacity_block(s)
     check_gpu_ami_release(s)
     check_memory_fit(s)

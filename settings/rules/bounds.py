@@ -15,6 +15,7 @@ RANGES: dict[str, tuple[int, int]] = {
     "decode_replicas": (1, 16),
     "prefill_max_replicas": (1, 16),
     "decode_max_replicas": (1, 16),
+    "gpu_warm_nodes": (0, 16),
     "backpressure_retry_after_seconds": (1, 3600),
     "request_timeout_seconds": (30, 86400),
     "ray_worker_idle_timeout_seconds": (10, 86400),

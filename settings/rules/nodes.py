@@ -8,7 +8,7 @@ from settings import catalog
 from settings.model import TENSOR_PARALLEL_SIZES, Settings
 from settings.rules.base import require
 from settings.rules.bounds import span, within
-from settings.sizing import GPU_ROOT_MAX_GIB, gpu_root_volume_floor
+from settings.sizing import GPU_ROOT_MAX_GIB, gpu_root_volume_floor, gpu_serving_node_bounds
 
 _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
 
@@ -177,4 +177,18 @@ def check_tensor_parallel(s: Settings) -> None:
         p,
         f"at most {heads} (the KV heads of {s.model_id}) when larger than decode_tensor_parallel_size {d} "
         "(vLLM NixlConnector refuses replicated KV heads from a larger prefill TP)",
+    )
+
+
+def check_warm_nodes(s: Settings) -> None:
+    """Warm GPU nodes lie within the GPU group's maximum: the range the sides' maxima give it."""
+    key, warm = "gpu_warm_nodes", s.gpu_warm_nodes
+    require(within(key, warm), key, warm, f"{span(key)} spare GPU nodes")
+    low, high = gpu_serving_node_bounds(s)
+    require(
+        low + warm <= high,
+        key,
+        warm,
+        f"at most {high - low}: the GPU group's maximum ({high} nodes at every side's maximum replicas) less the "
+        f"{low} its minimum replicas need; raise prefill_max_replicas or decode_max_replicas to keep a node warm",
     )

@@ -64,9 +64,18 @@ def gpu_nodes_for(s: Settings, replicas: Mapping[str, int]) -> int:
     return sum(math.ceil(replicas[side] / s.replicas_per_node(side)) for side in SIDES)
 
 
-def gpu_node_bounds(s: Settings) -> tuple[int, int]:
-    """The GPU node group's (minimum, maximum): the nodes of every side's minimum and of every side's
-    maximum replicas. Equal while no side has a range; the minimum is also the group's first size."""
+def gpu_serving_node_bounds(s: Settings) -> tuple[int, int]:
+    """The GPU nodes the engine replicas need: (every side at its minimum, every side at its maximum)."""
     low = gpu_nodes_for(s, {side: s.side_replicas(side) for side in SIDES})
     high = gpu_nodes_for(s, {side: s.side_max_replicas(side) for side in SIDES})
     return low, high
+
+
+def gpu_node_bounds(s: Settings) -> tuple[int, int]:
+    """The GPU node group's (minimum, maximum): the serving nodes of every side's minimum plus the warm
+    nodes, and the nodes of every side's maximum. Equal while no side has a range (or the warm nodes
+    fill it); the minimum is also the group's first size. A warm node lies within the maximum: when a
+    replica takes it, the group may grow by one to warm another (validate() refuses more warm nodes
+    than the range holds)."""
+    low, high = gpu_serving_node_bounds(s)
+    return low + s.gpu_warm_nodes, high
