@@ -115,6 +115,30 @@ def test_ray_reads_an_s3_source_as_a_cloud_mirror() -> None:
 
 
 @pytest.mark.serve
+def test_a_streaming_load_format_would_hand_vllm_the_model_id_not_the_s3_prefix() -> None:
+    """Why the product does not stream weights with Run:ai's streamer (docs/hardware-and-models.md): with
+    load_format runai_streamer, Ray 2.58 skips the node's download (llm_config.py get_or_create_callback,
+    STREAMING_LOAD_FORMATS), yet its engine config still makes the S3 source a mirror and passes vLLM the
+    model id, a Hugging Face name (vllm_models.py from_llm_config, get_initialization_kwargs; vllm_engine.py
+    resolves it to a local path only where a download put one). vLLM would stream from the Hub, not the
+    user's bucket. When a Ray upgrade passes the prefix through, this fails: then offer the streamer."""
+    require_serve_deps()
+    from ray.llm._internal.common.utils.download_utils import STREAMING_LOAD_FORMATS, get_model_location_on_disk
+    from ray.serve.llm import LLMConfig
+
+    doc = yaml.safe_load(rayservice_from(synth(**S3))["spec"]["serveConfigV2"])
+    for key in ("prefill_config", "decode_config"):
+        config = doc["applications"][0]["args"][key]
+        config["engine_kwargs"]["load_format"] = "runai_streamer"
+        llm = LLMConfig.model_validate(config)
+        assert llm.engine_kwargs["load_format"] in STREAMING_LOAD_FORMATS
+        engine = llm.get_engine_config()
+        # Nothing was downloaded, so the lookup vllm_engine.py makes finds no local copy.
+        assert get_model_location_on_disk(engine.actual_hf_model_id) == "Qwen/Qwen3-8B"
+        assert engine.get_initialization_kwargs()["model"] == "Qwen/Qwen3-8B"
+
+
+@pytest.mark.serve
 def test_rays_own_s3_download_fetches_the_weights_with_pod_identity_style_credentials(tmp_path: Path) -> None:
     """Ray 2.58's download path (download_model_files, boto3) against moto on a local port.
 

@@ -166,6 +166,13 @@ GOOD = '{"versions": {"ray": "2.58.0", "vllm": "0.26.0", "nixl": "1.3.1"}, "plug
 def test_a_good_image_is_one_pass_row() -> None:
     (check,) = image_checks(GOOD, pod="w", s3=False)
     assert check.ok and "nixl 1.3.1" in check.detail
+    assert "Run:ai streamer (not used): absent" in check.detail
+
+
+def test_the_streamers_packages_are_reported_never_judged() -> None:
+    streamer = ', "streamer": {"runai-model-streamer": "0.17.0", "runai-model-streamer-s3": null}}'
+    (check,) = image_checks(GOOD[:-1] + streamer, pod="w", s3=False)
+    assert check.ok and "Run:ai streamer (not used): runai-model-streamer 0.17.0" in check.detail
 
 
 @pytest.mark.parametrize(
@@ -209,6 +216,8 @@ def test_the_probe_runs_for_real_on_this_machines_venv() -> None:
     assert "image: NIXL LIBFABRIC plugin" not in names
     import json
 
+    # This venv has no streamer (requirements-serve.lock): the probe says so by its distributions' names.
+    assert json.loads(output)["streamer"] == {"runai-model-streamer": None, "runai-model-streamer-s3": None}
     plugin = json.loads(output)["plugin"]
     assert plugin.endswith(".mesonpy.libs/plugins/libplugin_LIBFABRIC.so")
     ldd = subprocess.run(["ldd", plugin], capture_output=True, text=True, check=False, env=env).stdout

@@ -133,7 +133,16 @@ def image_checks(output: str, *, pod: str, s3: bool, pins: Mapping[str, str] = I
         return failed
     have = ", ".join(f"{name} {versions[name]}" for name in pins)
     extra = ", boto3" if s3 else ""
-    return [Check("image: pins, LIBFABRIC plugin libraries", True, f"{pod}: {have}, plugin resolves{extra}")]
+    # Reported, not judged: the product does not stream weights (docs/hardware-and-models.md).
+    streamer = found.get("streamer") or {}
+    held = [f"{name} {v}" for name, v in streamer.items() if v] or ["absent"]
+    return [
+        Check(
+            "image: pins, LIBFABRIC plugin libraries",
+            True,
+            f"{pod}: {have}, plugin resolves{extra}; Run:ai streamer (not used): {', '.join(held)}",
+        )
+    ]
 
 
 def models_check(body: dict[str, Any], model_id: str) -> Check:

