@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from settings import Settings
+from settings import Settings, catalog
 
 HERE = Path(__file__).parent
 
@@ -85,6 +85,17 @@ def ingress_selector(settings: Settings) -> dict[str, str]:
     follows a cluster KubeRay builds under another name.
     """
     return {**pod_labels(settings), "ray.io/group": INGRESS_GROUP, "ray.io/serve": "true"}
+
+
+def serving_image(settings: Settings) -> str:
+    """The image every Ray pod and warm-node placeholder runs: ray_image, or its copy in the account's
+    pull-through cache, written with CloudFormation's pseudo parameters (${AWS::AccountId} and the like).
+    The stack hands that text to Fn::Sub; here it stays text, so the cluster config hash never sees a token."""
+    prefix = settings.image_pull_through_cache_prefix
+    if prefix is None:
+        return settings.ray_image
+    path = settings.ray_image.removeprefix(catalog.ECR_PUBLIC_REGISTRY + "/")
+    return "${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/" + f"{prefix}/{path}"
 
 
 def ingress_service_name(settings: Settings) -> str:

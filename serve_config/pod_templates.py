@@ -27,6 +27,7 @@ from serve_config import (
     checks,
     data_file,
     pod_labels,
+    serving_image,
 )
 from serve_config.application import ingress_replicas, serve_config_v2
 from serve_config.endpoint_keys import RAY_PODS_CODE_ANNOTATION, mount_ray_pods_code, ray_pods_digest
@@ -136,7 +137,7 @@ def rayservice(
     head_pod["nodeSelector"] = dict(system_node_labels)
     head = head_pod["containers"][0]
     head["ports"].append({"containerPort": SERVE_PORT, "name": "serve"})
-    head["image"] = settings.ray_image
+    head["image"] = serving_image(settings)
     if settings.hf_token_secret_name is not None:
         head["env"] = [*head.get("env", []), *token_env(settings)]
     mount_ray_pods_code(settings, head_pod, head)
@@ -167,7 +168,7 @@ def rayservice(
         pod["nodeSelector"] = dict(gpu_node_labels)
         pod["tolerations"] = [dict(gpu_toleration)]
         container = pod["containers"][0]
-        container["image"] = settings.ray_image
+        container["image"] = serving_image(settings)
         container["env"] = _worker_env(settings, container.get("env", [])) + token_env(settings)
         if reads_s3:
             pod["serviceAccountName"] = RAY_SERVICE_ACCOUNT
@@ -189,7 +190,7 @@ def rayservice(
             pod["initContainers"] = [
                 {
                     "name": "model-cache-permissions",
-                    "image": settings.ray_image,
+                    "image": serving_image(settings),
                     "command": [
                         "sh",
                         "-c",
@@ -240,7 +241,7 @@ def _ingress_group(
     pod = group["template"]["spec"]
     pod["nodeSelector"] = dict(system_node_labels)
     container = pod["containers"][0]
-    container["image"] = settings.ray_image
+    container["image"] = serving_image(settings)
     if reads_s3:
         pod["serviceAccountName"] = RAY_SERVICE_ACCOUNT
     if settings.internal_endpoint_cidrs:

@@ -15,7 +15,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from serve_config import GPU_RESOURCE, data_file
+from serve_config import GPU_RESOURCE, data_file, serving_image
 from serve_config.pod_templates import MODEL_CACHE_MOUNT, MODEL_CACHE_VOLUME, token_env
 from settings import Settings
 from settings.catalog import LOCAL_NVME_MOUNT
@@ -54,7 +54,7 @@ def warm_node_manifests(
     pod["nodeSelector"] = dict(gpu_node_labels)
     pod["tolerations"] = [dict(gpu_toleration)]
     hold = pod["containers"][0]
-    hold["image"] = settings.ray_image
+    hold["image"] = serving_image(settings)
     gpus = str(settings.gpu_instance.gpus)
     for bound in ("requests", "limits"):
         hold["resources"][bound][GPU_RESOURCE] = gpus
@@ -80,7 +80,7 @@ def _download(settings: Settings) -> dict[str, Any]:
     resources = {"cpu": "1", "memory": "2Gi"}
     return {
         "name": "model-cache-download",
-        "image": settings.ray_image,
+        "image": serving_image(settings),
         "command": ["sh", "-c", script, DOWNLOAD_CODE],
         "env": [
             {"name": "MODEL_ID", "value": settings.model_id},

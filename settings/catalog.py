@@ -147,6 +147,8 @@ ALL_CHARTS = (
 # at IMAGE_RAY_VERSION (requirements-serve.lock pins the same number; a test
 # checks they agree).
 DEFAULT_RAY_IMAGE = "public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0"
+# Amazon ECR Public's registry: the upstream an ECR pull-through cache rule of type ecr-public reads.
+ECR_PUBLIC_REGISTRY = "public.ecr.aws"
 IMAGE_RAY_VERSION = "2.58.0"
 # What ray[llm]==2.58.0 pins (its wheel METADATA), and so the image's: verify checks
 # them in a worker pod; a test keeps them equal to requirements-serve.lock.

@@ -221,6 +221,11 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "AWS Ray LLM DLC (Ray 2.58.0, vLLM 0.26.0, EFA). Another image must run Ray 2.58.0, the version the serve config is validated against (`IMAGE_RAY_VERSION` in `settings/catalog.py`, pinned again in `requirements-serve.lock`; a test keeps them equal), and carry the EFA installer's libfabric",
         "`registry/repository:tag` or `registry/repository@sha256:<digest>`",
     ),
+    "image_pull_through_cache_prefix": SettingDoc(
+        "pull `ray_image` through an ECR pull-through cache in the stack's account and region, under this repository prefix (the rule and the repository are the stack's, removed with it): a node then pulls from private ECR, which AWS measured its parallel pull against, instead of public ECR behind CloudFront (see docs/operations.md, \"A regional copy of the image\"). The prefix must be free in the account's registry",
+        "2 to 30 lowercase letters, digits, and `.` `_` `-` `/` between them; needs a `ray_image` on `public.ecr.aws`",
+        unset="pulled from public ECR",
+    ),
     "serving_namespace": SettingDoc(
         "where the RayService lives",
         "a DNS label",

@@ -117,6 +117,10 @@ class Settings:
     # on the same GPU nodes, for comparing the two (docs/architecture.md, "Should I disaggregate?").
     serving_mode: str = "disaggregated"
     ray_image: str = catalog.DEFAULT_RAY_IMAGE
+    # Pull ray_image (on public ECR) through an ECR pull-through cache rule with this repository prefix,
+    # in the stack's account and region (docs/operations.md, "A regional copy of the image"); None: from
+    # public ECR. The prefix must be free in the account's registry: the rule is registry-wide.
+    image_pull_through_cache_prefix: str | None = None
     serving_namespace: str = "llm"
     # Ray's token authentication (KubeRay authOptions): the dashboard, job API
     # and GCS refuse callers without the cluster's token.

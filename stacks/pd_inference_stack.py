@@ -12,6 +12,7 @@ from cdk_constructs.addons import ClusterAddons
 from cdk_constructs.cluster import EksCluster
 from cdk_constructs.cluster_autoscaler import ClusterAutoscaler
 from cdk_constructs.gpu_nodes import EfaGpuNodes, gpu_toleration
+from cdk_constructs.image_cache import PullThroughImageCache, from_cache
 from cdk_constructs.llm_service import LlmService
 from cdk_constructs.log_encryption import LogEncryptionKey
 from cdk_constructs.model_weights import ModelReadAccess
@@ -20,17 +21,18 @@ from cdk_constructs.network_policies import ServingNetworkPolicies, serving_netw
 from cdk_constructs.observability import Observability
 from cdk_constructs.private_endpoint import READINESS_GATE_LABELS, IngressService, PrivateEndpoint
 from cdk_constructs.ray_pods_code import RayPodsCode
-from cdk_constructs.secrets_sync import SecretsSync, SyncedSecret
+from cdk_constructs.secrets_sync import SecretsSync
 from cdk_constructs.system_nodes import SystemNodes
 from cdk_constructs.warm_nodes import WarmGpuNodes
 from serve_config import endpoint_keys, pod_templates
 from serve_config.observability_payloads import render_rules, render_scrape
 from serve_config.warm_nodes import warm_node_manifests
 from settings import Settings
-from settings.catalog import CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERAY_OPERATOR
+from settings.catalog import CLUSTER_AUTOSCALER_IMAGE_TAGS, ECR_PUBLIC_REGISTRY, KUBERAY_OPERATOR
 from settings.estimates import PRICE_SOURCE, cost_summary, observability_summary
 from settings.model import s3_model_location
 from settings.sizing import gpu_node_bounds, nlb_deregistration_delay
+from stacks.synced_secrets import synced_secrets
 
 
 class PdInferenceStack(Stack):
@@ -100,20 +102,35 @@ class PdInferenceStack(Stack):
             gpu_node_labels=gpu_nodes.labels,
             gpu_toleration=gpu_toleration(),
         )
+        image_cache: PullThroughImageCache | None = None
+        if settings.image_pull_through_cache_prefix is not None:
+            image_cache = PullThroughImageCache(
+                self,
+                "ImageCache",
+                prefix=settings.image_pull_through_cache_prefix,
+                image=settings.ray_image,
+                registry=ECR_PUBLIC_REGISTRY,
+                node_roles=[system_nodes.role, gpu_nodes.role],
+                image_text=serve_config.serving_image(settings),
+            )
+        rayservice = pod_templates.rayservice(
+            settings,
+            system_node_labels=dict(system_nodes.labels),
+            gpu_node_labels=dict(gpu_nodes.labels),
+            gpu_toleration=gpu_toleration(),
+        )
         service = LlmService(
             self,
             "LlmService",
             cluster=cluster,
             namespace=settings.serving_namespace,
-            rayservice=pod_templates.rayservice(
-                settings,
-                system_node_labels=dict(system_nodes.labels),
-                gpu_node_labels=dict(gpu_nodes.labels),
-                gpu_toleration=gpu_toleration(),
-            ),
+            rayservice=from_cache(rayservice, image_cache),
             system_node_labels=system_nodes.labels,
             namespace_labels=READINESS_GATE_LABELS if settings.internal_endpoint_cidrs else None,
         )
+        if image_cache is not None:
+            # The pods pull the cached image: the rule, the repository and the nodes' import right first.
+            service.rayservice_manifest.node.add_dependency(image_cache)
         # The control plane's ENIs, and an internal NLB, live in the private subnets.
         private_cidrs = [subnet.ipv4_cidr_block for subnet in network.vpc.private_subnets]
         network_policies = ServingNetworkPolicies(
@@ -192,13 +209,18 @@ class PdInferenceStack(Stack):
                 self,
                 "WarmGpuNodes",
                 cluster=cluster,
-                manifests=warm_node_manifests(
-                    settings,
-                    namespace=settings.serving_namespace,
-                    gpu_node_labels=gpu_nodes.labels,
-                    gpu_toleration=gpu_toleration(),
-                ),
+                manifests=[
+                    from_cache(manifest, image_cache)
+                    for manifest in warm_node_manifests(
+                        settings,
+                        namespace=settings.serving_namespace,
+                        gpu_node_labels=gpu_nodes.labels,
+                        gpu_toleration=gpu_toleration(),
+                    )
+                ],
             )
+            if image_cache is not None:
+                warm.deployment.node.add_dependency(image_cache)
             # Its pods hold GPUs and read the model token: after the device plugins and the synced
             # secrets, and deleted before them and the node groups.
             warm.deployment.node.add_dependency(
@@ -352,31 +374,3 @@ class PdInferenceStack(Stack):
             description="One chat completion through the port-forward"
             + (f" (OPENAI_API_KEY: a key from the secret {settings.endpoint_api_keys_secret_name})" if keyed else ""),
         )
-
-
-def synced_secrets(settings: Settings) -> list[SyncedSecret]:
-    """The Secrets Manager secrets the settings name, as External Secrets syncs them into the serving namespace."""
-    synced = []
-    if settings.hf_token_secret_name is not None:
-        synced.append(
-            SyncedSecret(
-                construct_id="ExternalSecret",
-                secret_name=settings.hf_token_secret_name,
-                target_secret=serve_config.HF_TOKEN_SECRET,
-                target_key=serve_config.HF_TOKEN_SECRET_KEY,
-                refresh_seconds=3600,
-                kms_key_arn=settings.hf_token_kms_key_arn,
-            )
-        )
-    if settings.endpoint_api_keys_secret_name is not None:
-        synced.append(
-            SyncedSecret(
-                construct_id="ApiKeysExternalSecret",
-                secret_name=settings.endpoint_api_keys_secret_name,
-                target_secret=endpoint_keys.API_KEYS_SECRET,
-                target_key=endpoint_keys.API_KEYS_FILE_KEY,
-                refresh_seconds=settings.endpoint_api_keys_refresh_seconds,
-                kms_key_arn=settings.endpoint_api_keys_kms_key_arn,
-            )
-        )
-    return synced

@@ -84,6 +84,7 @@ CANDIDATES: dict[str, list[Any]] = {
         "arn:aws:acm::1:cert",
     ],
     "gpu_warm_nodes": [0, 1, -1],
+    "image_pull_through_cache_prefix": [None, "pd-inference-public", "Bad_Prefix"],
     "observability": [True, False],
     "observability_scrape_interval_seconds": [30, 15, 120],
     "alarm_email": [None, "oncall@example.com", "not an address"],

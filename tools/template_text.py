@@ -18,6 +18,9 @@ def render(value: Any) -> str:
         return str(separator).join(render(p) for p in parts)
     if "Ref" in value:
         return "${" + str(value["Ref"]) + "}"
+    if "Fn::Sub" in value and isinstance(value["Fn::Sub"], str):
+        # Its text already writes references as ${...}.
+        return str(value["Fn::Sub"])
     if "Fn::GetAtt" in value:
         return "${" + ".".join(value["Fn::GetAtt"]) + "}"
     return json.dumps(value, sort_keys=True)

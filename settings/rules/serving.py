@@ -22,6 +22,8 @@ _HF_REPO = re.compile(r"^[\w.\-]+/[\w.\-]+$")
 _S3_SOURCE = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]/[\w.\-/]*[\w.\-]$")
 _IMAGE = re.compile(r"^[\w.\-]+(:\d+)?(/[\w.\-]+)+(:[\w.\-]+|@sha256:[0-9a-f]{64})$")
 
+_ECR_PREFIX = re.compile(r"^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*$")
+
 
 def check_model(s: Settings) -> None:
     """The model, its source and context, vLLM's memory share, each side's minimum, the mode."""
@@ -113,6 +115,21 @@ def check_memory_fit(s: Settings) -> None:
 def check_names_and_secrets(s: Settings) -> None:
     """The image, the Kubernetes names and the model token's secret and key."""
     require(bool(_IMAGE.match(s.ray_image)), "ray_image", s.ray_image, "registry/repository:tag or @sha256:digest")
+    prefix = s.image_pull_through_cache_prefix
+    if prefix is not None:
+        # AWS::ECR::PullThroughCacheRule EcrRepositoryPrefix, as its CloudFormation schema allows it.
+        require(
+            2 <= len(prefix) <= 30 and bool(_ECR_PREFIX.match(prefix)),
+            "image_pull_through_cache_prefix",
+            prefix,
+            "2 to 30 lowercase letters, digits, and . _ - / between them (an ECR repository prefix)",
+        )
+        require(
+            s.ray_image.startswith(catalog.ECR_PUBLIC_REGISTRY + "/"),
+            "image_pull_through_cache_prefix",
+            prefix,
+            f"set only with a ray_image on {catalog.ECR_PUBLIC_REGISTRY} (the rule's upstream), not {s.ray_image}",
+        )
     require(bool(_K8S_NAME.match(s.serving_namespace)), "serving_namespace", s.serving_namespace, "a DNS label")
     require(
         bool(_K8S_NAME.match(s.service_name)) and len(s.service_name) <= 40,
