@@ -595,6 +595,15 @@ def test_the_iam_policy_allows_exactly_the_calls_preflight_makes() -> None:
         (account(**{"ec2:DescribeCapacityReservations": reservation()}), RESERVED),
         (vpc_answers([subnet(1, "us-east-1b"), subnet(2, "us-east-1c")], subnet(9, "us-east-1a")), EXISTING),
         (account(**deployed_with_admins(ROLE)), ["gpu_availability_zone=us-east-1b"]),
+        (
+            account(
+                **{
+                    "ecr:DescribePullThroughCacheRules": client_error("PullThroughCacheRuleNotFoundException"),
+                    "ecr:DescribeRepositories": client_error("RepositoryNotFoundException"),
+                }
+            ),
+            [*GOOD, "image_pull_through_cache_prefix=pd-inference-public"],
+        ),
     ):
         fake = FakeAws(answers)
         run(settings_from_cli(list(pairs)), fake)

@@ -213,12 +213,18 @@ def _role_name(arn: str) -> str | None:
     return found.group(1) if found else None
 
 
-def deployed_admins(account: Account) -> set[str]:
-    """The principals the deployed stack's template gives an EKS access entry."""
+def deployed_template(account: Account) -> dict[str, Any]:
+    """The deployed stack's template, as it was submitted."""
     body: Any = account.client("cloudformation").get_template(StackName=STACK_NAME, TemplateStage="Original")[
         "TemplateBody"
     ]
-    template = json.loads(body) if isinstance(body, str) else body
+    template: dict[str, Any] = json.loads(body) if isinstance(body, str) else body
+    return template
+
+
+def deployed_admins(account: Account) -> set[str]:
+    """The principals the deployed stack's template gives an EKS access entry."""
+    template = deployed_template(account)
     return {
         str(resource["Properties"]["PrincipalArn"])
         for resource in template.get("Resources", {}).values()

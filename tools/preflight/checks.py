@@ -2,7 +2,8 @@
 
 Every check reads the same Settings `cdk synth` reads. Each lives with its kind:
 account.py (credentials, bootstrap, the deployed stack, versions, admin), secrets.py
-(the token's and the API keys' secrets and their KMS keys), capacity.py (instance
+(the token's and the API keys' secrets and their KMS keys), registry.py (the image
+cache's prefix and repository), capacity.py (instance
 types and EFA, reservation, vCPU quotas), zones.py (the GPU AZ's offering, the AZ
 the stack would use, the recorded zone ID) and network.py (existing VPC, room for
 a new one); base.py holds what they share. A check learns
@@ -25,6 +26,7 @@ from tools.preflight.account import (
 from tools.preflight.base import Account, Result, Session, guarded
 from tools.preflight.capacity import capacity_reservation, efa, vcpu_quotas
 from tools.preflight.network import existing_vpc, vpc_room
+from tools.preflight.registry import image_cache
 from tools.preflight.secrets import endpoint_keys_secret, token_secret
 from tools.preflight.zones import gpu_zone, recorded_zone
 
@@ -41,6 +43,7 @@ CHECKS: tuple[tuple[str, Callable[[Account], list[Result]]], ...] = (
     ("new VPC", vpc_room),
     ("token secret", token_secret),
     ("API keys secret", endpoint_keys_secret),
+    ("image cache", image_cache),
     ("cluster admin", cluster_admin),
 )
 
