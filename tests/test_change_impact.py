@@ -155,6 +155,17 @@ def test_each_class_says_how_long_from_sizing() -> None:
     assert f"a start on an empty node, {new_node}" in gpu
     assert f"scale-up budget, {minutes(*sizing.scale_up_seconds(s))}" in gpu
     assert f"the whole Ray cluster restarts, {image}" in said(Impact.NODES_REPLACED, replaced_groups={"system": 1})
+    assert "ingress pods" not in said(Impact.NEW_RAY_CLUSTER)
+
+
+def test_a_recreate_behind_the_nlb_counts_the_ingress_pods_drain() -> None:
+    """The old ingress pods sleep out their preStop (settings/sizing admission.py) before the new ones may
+    take their place on full system nodes: 765 s on the defaults, 12.8 min."""
+    s = Settings(internal_endpoint_cidrs=("10.0.0.0/8",))
+    finding = change_impact.Classification([change_impact.Finding(Impact.NEW_RAY_CLUSTER, "")])
+    text = change_impact.interruption(finding, s)
+    assert sizing.ingress_termination_grace_seconds(s) == 765
+    assert "the old ingress pods take up to 12.8 min to go" in text
 
 
 def test_the_pr_comment_and_the_cli_name_the_class(tmp_path: Path) -> None:

@@ -238,11 +238,20 @@ def interruption(c: Classification, s: Settings) -> str:
                 "KubeRay starts a second Ray cluster beside the running one and switches traffic when it is ready: "
                 f"no outage where the GPU group's maximum holds both; the new cluster starts in {_minutes(low, high)}."
             )
-        return (
+        said = (
             "The recreate Job deletes the running RayCluster and KubeRay builds a new one: the endpoint is down "
             f"for the whole cluster start on the existing nodes, {_minutes(low, high)}"
             + (" (the new image is pulled)." if c.image_changed else ".")
         )
+        if s.internal_endpoint_cidrs:
+            # docs/operations.md, "The internal NLB during a change": the old ingress pods sleep out their preStop.
+            grace = sizing.ingress_termination_grace_seconds(s)
+            said += (
+                f" Behind the internal NLB the old ingress pods take up to {grace / 60:.1f} min to go (their preStop "
+                "and Ray's stop); where the system nodes have no room for the new ones beside them, the endpoint "
+                "waits for that too."
+            )
+        return said
     if impact is Impact.NODES_REPLACED:
         parts = []
         if "GPU" in c.replaced_groups:
