@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -234,31 +235,66 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def port_forward(settings: Settings, service: str, remote_port: int) -> Iterator[str]:
-    """kubectl port-forward to the service on a free local port; yields the base URL.
+    """kubectl port-forward to the service on a free local port, started again whenever it ends; yields the
+    base URL.
 
-    kubectl resolves the Service to one of its pods when it starts and stays on that pod. The
-    clients' Service (serve_config.ingress_service_name) has the one ingress pod, so that is the
-    endpoint; a pod replaced while a run is under way ends the forward, and the run's next
-    request fails rather than reaching another pod.
+    kubectl resolves the Service to one of its pods when it starts and stays on that pod: when the pod
+    goes (replaced, evicted, its node drained), kubectl exits. A run that outlives the pod would then
+    fail every request after it; instead the forward starts again on the same local port and resolves
+    the Service anew, so the requests in between fail and the ones after reach the new pod.
     """
     port = _free_port()
-    proc = subprocess.Popen(
-        ["kubectl", "-n", settings.serving_namespace, "port-forward", f"svc/{service}", f"{port}:{remote_port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    command = ["kubectl", "-n", settings.serving_namespace, "port-forward", f"svc/{service}", f"{port}:{remote_port}"]
+    forward = _Forward(command)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
-            if proc.poll() is not None:
-                raise RuntimeError(f"port-forward exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            if forward.proc.poll() is not None:
+                raise RuntimeError(f"port-forward exited: {forward.stderr()}")
             time.sleep(0.5)
+        forward.keep_running()
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        forward.stop()
+
+
+class _Forward:
+    """One kubectl port-forward process, started again each time it exits until stopped."""
+
+    RESTART_AFTER_S = 1.0
+
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+        self.starts = 0
+        self.proc = self._start()
+        self._stopped = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self.starts += 1
+        return subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read().decode() if self.proc.stderr else ""
+
+    def keep_running(self) -> None:
+        self._watcher = threading.Thread(target=self._watch, name="port-forward", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._stopped.is_set():
+            if self.proc.poll() is not None and not self._stopped.wait(self.RESTART_AFTER_S):
+                self.proc = self._start()
+            self._stopped.wait(0.2)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=10)
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
 
 
 def _request(url: str, body: dict[str, Any] | None, api_key: str | None) -> urllib.request.Request:
