@@ -9,7 +9,7 @@ import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from serve_config import ServeConfigError
-from settings import Settings, SettingsError, settings_from
+from settings import Settings, SettingsError, settings_from, sizing
 from settings.estimates import cost_summary, plan_table
 from settings.model import s3_model_location
 from settings.project import STACK_NAME
@@ -61,6 +61,13 @@ def warnings(settings: Settings) -> list[str]:
         found.append(
             "warning: the internal NLB admits anyone in internal_endpoint_cidrs to the model with no key; "
             "set endpoint_api_keys_secret_name to require API keys"
+        )
+    if settings.ray_cluster_upgrade == "auto" and not sizing.holds_second_cluster(settings):
+        low, high = sizing.gpu_serving_node_bounds(settings)
+        found.append(
+            f"warning: the GPU group's maximum ({high} nodes) cannot hold a second Ray cluster beside the first "
+            f"({low} more): a Ray cluster change recreates it, with the endpoint down for a cluster start; "
+            f'a maximum of {2 * low} or more makes it blue/green (docs/operations.md, "Upgrades")'
         )
     return found
 

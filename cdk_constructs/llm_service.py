@@ -85,7 +85,8 @@ def _delete(resource: str, namespace: str, selector: str) -> list[str]:
 
 
 class LlmService(Construct):
-    """Applies the RayService (ray.io/v1) in its own namespace, and rolls its Ray cluster when its spec changes.
+    """Applies the RayService (ray.io/v1) in its own namespace, and, under upgradeStrategy None, rolls its Ray
+    cluster when its spec changes.
 
     One manifest per Kubernetes object, so ``cdk diff`` replaces the smallest string.
 
@@ -101,7 +102,8 @@ class LlmService(Construct):
 
     Attributes:
         namespace_manifest, rayservice_manifest: the two manifests.
-        recreate_manifests: the recreate Job and its RBAC, applied after the RayService.
+        recreate_manifests: the recreate Job and its RBAC, applied after the RayService; none where the
+            RayService's upgradeStrategy is not None (KubeRay's NewCluster rolls the cluster itself).
     """
 
     def __init__(
@@ -134,6 +136,9 @@ class LlmService(Construct):
         self.rayservice_manifest.node.add_dependency(self.namespace_manifest)
         previous: Construct = self.rayservice_manifest
         self.recreate_manifests: list[eks.KubernetesManifest] = []
+        if rayservice["spec"].get("upgradeStrategy", {}).get("type") != "None":
+            # KubeRay rolls a changed rayClusterConfig out itself (NewCluster, its default).
+            return
         for doc in cluster_recreate(
             namespace=namespace,
             service_name=rayservice["metadata"]["name"],

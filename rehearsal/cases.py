@@ -27,6 +27,7 @@ from rehearsal import (
     keys,
     metric_names,
     node_loss,
+    readiness,
     scaling,
     sustained_load,
 )
@@ -108,7 +109,7 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
         node_loss.node_loss_check,
         keys.key_log_scan,
     ),
-    "aggregated": (keys.key_checks, checks.verify_checks, checks.bench, keys.key_log_scan),
+    "aggregated": (keys.key_checks, readiness.readiness_check, checks.verify_checks, checks.bench, keys.key_log_scan),
     # The bound change first: the scaling then runs on the target it set in place.
     "scaling": (scaling.bound_change_check, scaling.scaling_check),
 }

@@ -14,6 +14,7 @@ from typing import Any
 
 from serve_config import (
     CLUSTER_CONFIG_LABEL,
+    DASHBOARD_PORT,
     EFA_RESOURCE,
     GPU_RESOURCE,
     HF_TOKEN_SECRET,
@@ -30,10 +31,28 @@ from serve_config import (
     serving_image,
 )
 from serve_config.application import ingress_replicas, serve_config_v2
-from serve_config.endpoint_keys import RAY_PODS_CODE_ANNOTATION, mount_ray_pods_code, ray_pods_digest
+from serve_config.endpoint_keys import (
+    RAY_PODS_CODE_ANNOTATION,
+    RAY_PODS_PACKAGE,
+    RAY_PODS_PYTHONPATH,
+    mount_ray_pods_code,
+    ray_pods_digest,
+)
 from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION, LOCAL_NVME_MOUNT
-from settings.sizing import ingress_prestop_seconds, ingress_termination_grace_seconds
+from settings.sizing import (
+    INGRESS_READINESS_PERIOD_S,
+    INGRESS_READINESS_TIMEOUT_S,
+    blue_green,
+    cluster_deletion_delay_seconds,
+    ingress_prestop_seconds,
+    ingress_termination_grace_seconds,
+)
+
+# The ingress pods' readiness probe, in the ray_pods package, and the variable that tells it where the
+# serving cluster's dashboard is (its own cluster's comes from KubeRay's FQ_RAY_IP).
+INGRESS_READY_SCRIPT = "ingress_ready.py"
+SERVING_DASHBOARD_ENV = "PD_SERVING_DASHBOARD"
 
 # On instance-store GPU types: the Hugging Face cache on the node's NVMe RAID0, a
 # hostPath, so a restarted pod finds the weights it downloaded (catalog.LOCAL_NVME_MOUNT).
@@ -127,6 +146,11 @@ def rayservice(
     }
     spec = doc["spec"]
     spec["serveConfigV2"] = serve_config_v2(settings)
+    if blue_green(settings):
+        # KubeRay 1.7's blue/green: a changed rayClusterConfig gets a second cluster, and traffic moves
+        # to it once its head is ready and every app RUNNING; the old one goes this long after.
+        spec["upgradeStrategy"] = {"type": "NewCluster"}
+        spec["rayClusterDeletionDelaySeconds"] = cluster_deletion_delay_seconds(settings)
     cluster = spec["rayClusterConfig"]
     cluster["rayVersion"] = IMAGE_RAY_VERSION
     if not settings.ray_token_auth:
@@ -244,10 +268,36 @@ def _ingress_group(
     container["image"] = serving_image(settings)
     if reads_s3:
         pod["serviceAccountName"] = RAY_SERVICE_ACCOUNT
+    _ready_only_when_serving(settings, container)
     if settings.internal_endpoint_cidrs:
         _outlast_nlb_drain(settings, pod, container)
     mount_ray_pods_code(settings, pod, container)
     return group
+
+
+def serving_dashboard(settings: Settings) -> str:
+    """The dashboard behind the RayService's own head Service, which KubeRay points at the serving
+    cluster's head (common/service.go, BuildHeadServiceForRayService, v1.7.0: `<name>-head-svc`, the
+    head container's ports)."""
+    return f"http://{settings.service_name}-head-svc:{DASHBOARD_PORT}"
+
+
+def _ready_only_when_serving(settings: Settings, container: dict[str, Any]) -> None:
+    """The ingress container's readiness probe (ray_pods/ingress_ready.py) in place of KubeRay's: only
+    the serving cluster's ingress pods are the client Services' endpoints, during a blue/green upgrade
+    too. KubeRay 1.7.0 keeps a readiness probe the template sets (common/pod.go,
+    initLivenessAndReadinessProbe, `if rayContainer.ReadinessProbe == nil`) and still adds its liveness
+    probe. Its timing is in settings/sizing/upgrade.py."""
+    script = f"{RAY_PODS_PYTHONPATH}/{RAY_PODS_PACKAGE}/{INGRESS_READY_SCRIPT}"
+    container["readinessProbe"] = {
+        "exec": {"command": ["sh", "-c", f'exec "$(command -v python3 || command -v python)" {script}']},
+        "initialDelaySeconds": 10,
+        "periodSeconds": INGRESS_READINESS_PERIOD_S,
+        "timeoutSeconds": INGRESS_READINESS_TIMEOUT_S,
+        "successThreshold": 1,
+        "failureThreshold": 1,
+    }
+    container.setdefault("env", []).append({"name": SERVING_DASHBOARD_ENV, "value": serving_dashboard(settings)})
 
 
 def _outlast_nlb_drain(settings: Settings, pod: dict[str, Any], container: dict[str, Any]) -> None:

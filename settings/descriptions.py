@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from settings import catalog
-from settings.model import ENDPOINT_ACCESS_MODES, SERVING_MODES, TENSOR_PARALLEL_SIZES, Settings
+from settings.model import ENDPOINT_ACCESS_MODES, RAY_CLUSTER_UPGRADES, SERVING_MODES, TENSOR_PARALLEL_SIZES, Settings
 from settings.rules.bounds import span
 from settings.sizing import (
     GPU_ROOT_MAX_GIB,
@@ -204,6 +204,10 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "ray_worker_idle_timeout_seconds": SettingDoc(
         "with a range on some side: how long Ray's autoscaler keeps an idle worker pod (KubeRay `idleTimeoutSeconds`)",
         span("ray_worker_idle_timeout_seconds"),
+    ),
+    "ray_cluster_upgrade": SettingDoc(
+        "how a change to the Ray cluster (image, pods, environment) rolls out: `auto`, KubeRay's blue/green `NewCluster` where the GPU group's maximum holds a second cluster at every side's minimum (the old one serves until the new one's app runs), else the recreate Job (the endpoint is down for a cluster start); `recreate`, always the Job (a capacity reservation with no room for a second cluster). See docs/operations.md, \"Upgrades\"",
+        f"one of {_listed(RAY_CLUSTER_UPGRADES)}",
     ),
     "prefill_tensor_parallel_size": SettingDoc(
         "GPUs per engine replica on each side (vLLM `tensor_parallel_size`): a divisor of the node's GPUs, each pod holding whole EFA devices; the two may differ where vLLM 0.26's NixlConnector allows it (see \"Bigger instances\")",

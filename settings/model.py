@@ -12,6 +12,7 @@ ENDPOINT_ACCESS_MODES: tuple[str, ...] = ("public_and_private", "private")
 # disaggregated: prefill and decode on their own GPU nodes, KV over NIXL;
 # aggregated: the same GPU nodes, each replica prefills and decodes its own requests.
 SERVING_MODES: tuple[str, ...] = ("disaggregated", "aggregated")
+RAY_CLUSTER_UPGRADES: tuple[str, ...] = ("auto", "recreate")
 
 
 class SettingsError(ValueError):
@@ -108,6 +109,11 @@ class Settings:
     # Ray's autoscaler removes a worker pod idle this long (KubeRay idleTimeoutSeconds; used
     # only when some side has a range).
     ray_worker_idle_timeout_seconds: int = 60
+    # A change to the Ray cluster (image, pods, environment) (docs/operations.md, "Upgrades"). auto: KubeRay's
+    # blue/green NewCluster where the GPU group's maximum holds a second cluster at its minimum, else the
+    # recreate Job (the endpoint is down for a cluster start); recreate: always the Job (a capacity
+    # reservation with no room for a second cluster, say).
+    ray_cluster_upgrade: str = "auto"
     # GPUs per engine replica on each side (vLLM tensor_parallel_size); the sides may
     # differ where vLLM 0.26's NixlConnector allows it (_validate_tensor_parallel). Each
     # replica is one Ray worker pod holding its GPUs and their share of the EFA devices.

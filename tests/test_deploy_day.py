@@ -96,7 +96,8 @@ def test_public_access_cidrs_reach_the_cluster() -> None:
     assert vpc_config["PublicAccessCidrs"] == ["203.0.113.0/24", "198.51.100.0/24"]
 
 
-def test_synth_warns_in_one_line_when_the_endpoint_is_open_to_the_world(tmp_path: Any) -> None:
+def test_synth_warns_in_one_line_each_of_an_open_endpoint_and_an_upgrade_with_downtime(tmp_path: Any) -> None:
+    """On the defaults: the API endpoint is open to the world, and two fixed GPU nodes hold no second Ray cluster."""
     env = {"CDK_OUTDIR": str(tmp_path), "PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin"}
     result = subprocess.run(
         ["python", "app.py"], cwd=ROOT, env={**env, "CDK_VALIDATION": "false"}, capture_output=True, text=True,
@@ -104,7 +105,9 @@ def test_synth_warns_in_one_line_when_the_endpoint_is_open_to_the_world(tmp_path
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "0.0.0.0/0" in warnings[0] and "public_access_cidrs" in warnings[0]
+    assert len(warnings) == 2, warnings
+    assert "0.0.0.0/0" in warnings[0] and "public_access_cidrs" in warnings[0]
+    assert "cannot hold a second Ray cluster" in warnings[1] and "a maximum of 4 or more" in warnings[1]
 
 
 # --- 8. the Jobs' kubectl gets a writable HOME -------------------------------------------

@@ -25,6 +25,8 @@ def test_synthesized_rayservice_is_valid(rayservice: dict[str, Any]) -> None:
         {"endpoint_api_keys_secret_name": "prod/llm-keys"},
         # The ingress pods' preStop and grace period behind the internal NLB.
         {"internal_endpoint_cidrs": "10.0.0.0/8"},
+        # Blue/green: upgradeStrategy NewCluster and rayClusterDeletionDelaySeconds.
+        {"decode_max_replicas": "3", "decode_target_ongoing_requests": "8"},
     ],
 )
 def test_other_modes_are_valid(overrides: dict[str, Any]) -> None:

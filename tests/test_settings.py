@@ -223,10 +223,23 @@ def test_max_model_len_up_to_the_models_context_length_is_accepted() -> None:
 
 
 def test_a_public_endpoint_open_to_the_world_warns_in_one_line() -> None:
-    (line,) = warnings(Settings())
+    # ray_cluster_upgrade=recreate: the defaults' other warning, the upgrade's downtime, said once and asked for here.
+    (line,) = warnings(Settings(ray_cluster_upgrade="recreate"))
     assert "0.0.0.0/0" in line and "public_access_cidrs" in line and "\n" not in line
-    assert warnings(Settings(public_access_cidrs=("203.0.113.0/24",))) == []
-    assert warnings(Settings(endpoint_access="private")) == []
+    assert warnings(Settings(public_access_cidrs=("203.0.113.0/24",), ray_cluster_upgrade="recreate")) == []
+    assert warnings(Settings(endpoint_access="private", ray_cluster_upgrade="recreate")) == []
+
+
+def test_a_ray_cluster_change_with_downtime_warns_in_one_line_unless_recreate_was_asked_for() -> None:
+    """auto where the GPU group's maximum cannot hold a second cluster: the recreate Job, said once."""
+    (line,) = warnings(Settings(endpoint_access="private"))
+    assert "cannot hold a second Ray cluster" in line and "a maximum of 4 or more" in line and "\n" not in line
+    assert warnings(Settings(endpoint_access="private", ray_cluster_upgrade="recreate")) == []
+    # 2 nodes at the minimum, 4 at the maximum: blue/green; 3 at the maximum: not.
+    room = Settings(endpoint_access="private", decode_max_replicas=3, decode_target_ongoing_requests=8.0)
+    assert warnings(room) == []
+    tight = Settings(endpoint_access="private", decode_max_replicas=2, decode_target_ongoing_requests=8.0)
+    assert warnings(tight) != []
 
 
 def test_cdk_json_wins_over_cdk_context_json_and_the_command_line_over_both(tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ CANDIDATES: dict[str, list[Any]] = {
     "backpressure_retry_after_seconds": [10, 1, 0, 5000],
     "request_timeout_seconds": [600, 30, 10, 100_000],
     "ray_worker_idle_timeout_seconds": [60, 10, 5, 100_000],
+    "ray_cluster_upgrade": ["auto", "recreate", "blue-green", "NewCluster"],
     "prefill_tensor_parallel_size": [1, 2, 4, 8, 3],
     "decode_tensor_parallel_size": [1, 2, 4, 8, 0],
     "serving_mode": ["disaggregated", "aggregated", "split"],

@@ -234,9 +234,13 @@ def interruption(c: Classification, s: Settings) -> str:
     if impact is Impact.NEW_RAY_CLUSTER:
         low, high = engine_restart_seconds(s, new_weights=c.new_model, image_pull=c.image_changed)
         if c.blue_green:
+            delay = sizing.cluster_deletion_delay_seconds(s)
             return (
-                "KubeRay starts a second Ray cluster beside the running one and switches traffic when it is ready: "
-                f"no outage where the GPU group's maximum holds both; the new cluster starts in {_minutes(low, high)}."
+                "KubeRay starts a second Ray cluster beside the running one, which serves until the new one's app is "
+                "RUNNING, then switches the endpoint to it: no outage. The new cluster starts in "
+                f"{_minutes(low, high)} on GPU nodes within the group's maximum (longer where a new node is needed: "
+                f"`make plan`), and the old one stays {delay / 60:.1f} min more for its last streams, its GPU nodes "
+                "paid for meanwhile."
             )
         said = (
             "The recreate Job deletes the running RayCluster and KubeRay builds a new one: the endpoint is down "

@@ -6,7 +6,7 @@ import math
 import re
 
 from settings import catalog
-from settings.model import SERVING_MODES, Settings
+from settings.model import RAY_CLUSTER_UPGRADES, SERVING_MODES, Settings
 from settings.rules.base import KMS_KEY_ARN, SECRET_NAME, require
 from settings.rules.bounds import span, within
 from settings.sizing import (
@@ -66,6 +66,12 @@ def check_model(s: Settings) -> None:
             "whenever the side has no replica, and scaling a GPU node group up from 0 nodes is untested)",
         )
     require(s.serving_mode in SERVING_MODES, "serving_mode", s.serving_mode, f"one of {list(SERVING_MODES)}")
+    require(
+        s.ray_cluster_upgrade in RAY_CLUSTER_UPGRADES,
+        "ray_cluster_upgrade",
+        s.ray_cluster_upgrade,
+        f"one of {list(RAY_CLUSTER_UPGRADES)}",
+    )
 
 
 def check_memory_fit(s: Settings) -> None:

@@ -4,9 +4,10 @@ and whether splitting prefill from decode is expected to pay.
 One home for these numbers: validation (settings/rules/), `plan` and synth
 (settings/estimates.py) and the serve builder (serve_config) read them here, by domain:
 calibration (the public rates), memory (GPU memory and step sizes), root_volume (the GPU node's
-disk and count), transfer (the KV transfer and the verdict), admission (bounds and draining) and
-scale_up (the cold start and the scale-up budget). Every constant has its source beside it; these
-are planning estimates, and `tools.bench compare` measures the real answer on the user's own cluster.
+disk and count), transfer (the KV transfer and the verdict), admission (bounds and draining),
+scale_up (the cold start and the scale-up budget) and upgrade (blue/green or recreate). Every
+constant has its source beside it; these are planning estimates, and `tools.bench compare` measures
+the real answer on the user's own cluster.
 """
 
 from settings.sizing.admission import (
@@ -114,6 +115,15 @@ from settings.sizing.transfer import (
     transfer_share_range,
     transfer_streams,
 )
+from settings.sizing.upgrade import (
+    ENDPOINT_PROPAGATION_ALLOWANCE_S,
+    INGRESS_READINESS_PERIOD_S,
+    INGRESS_READINESS_TIMEOUT_S,
+    blue_green,
+    cluster_deletion_delay_seconds,
+    holds_second_cluster,
+    readiness_lag_seconds,
+)
 
 __all__ = [
     "AMI_ROOT_SNAPSHOT_GIB",
@@ -124,6 +134,7 @@ __all__ = [
     "CUDA_GRAPH_GIB",
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "DEFAULT_MAX_NUM_SEQS",
+    "ENDPOINT_PROPAGATION_ALLOWANCE_S",
     "ENGINE_START_S",
     "GPU_ROOT_GIB_WITHOUT_INSTANCE_STORE",
     "GPU_ROOT_GIB_WITH_INSTANCE_STORE",
@@ -131,6 +142,8 @@ __all__ = [
     "GPU_ROOT_MIN_GIB_WITHOUT_INSTANCE_STORE",
     "GPU_ROOT_MIN_GIB_WITH_INSTANCE_STORE",
     "IMAGE_PULL_S",
+    "INGRESS_READINESS_PERIOD_S",
+    "INGRESS_READINESS_TIMEOUT_S",
     "JOURNAL_MAX_GIB",
     "LARGE_GPU_GIB",
     "LARGE_GPU_MAX_NUM_BATCHED_TOKENS",
@@ -172,6 +185,8 @@ __all__ = [
     "TransferPlan",
     "activation_peak_bytes",
     "aggregated_max_ongoing",
+    "blue_green",
+    "cluster_deletion_delay_seconds",
     "cold_start",
     "concurrent_sequences",
     "disaggregation_verdict",
@@ -186,6 +201,7 @@ __all__ = [
     "gpu_root_volume_gib",
     "gpu_serving_node_bounds",
     "graceful_shutdown",
+    "holds_second_cluster",
     "ingress_max_ongoing_requests",
     "ingress_prestop_seconds",
     "ingress_termination_grace_seconds",
@@ -200,6 +216,7 @@ __all__ = [
     "pod_efa_gbps",
     "prefill_max_num_batched_tokens",
     "prefill_seconds",
+    "readiness_lag_seconds",
     "scale_up_budget",
     "scale_up_seconds",
     "seconds_before_any_pull",

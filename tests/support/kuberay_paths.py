@@ -23,6 +23,7 @@ new one from the RayService's current spec.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,3 +200,76 @@ def stale_pods(state: Cluster, rayservice: Mapping[str, Any]) -> list[str]:
     """Pods not built from the RayService's current template for their group."""
     wanted = _templates(rayservice["spec"]["rayClusterConfig"])
     return [p.name for p in state.of("Pod") if p.spec != wanted[p.group][0]]
+
+
+# --- NewCluster: the blue/green path (rayservice_controller.go, v1.7.0) -----------------------------
+# The annotation KubeRay keeps the spec's hash in on each RayCluster it builds (utils/constant.go).
+HASH_ANNOTATION = "ray.io/hash-without-replicas-and-workers-to-delete"
+_GROUP_BOUNDS = ("replicas", "minReplicas", "maxReplicas")
+_SCHEDULING_ONLY = ("tolerations", "schedulingGates")
+
+
+def hash_without_replicas(cluster_config: Mapping[str, Any]) -> str:
+    """rayClusterSpecForHashing then GenerateHashWithoutReplicasAndWorkersToDelete (utils/util.go): the
+    spec less suspend and upgradeStrategy, the head's and each group's tolerations and schedulingGates,
+    and each group's replicas, minReplicas, maxReplicas and scaleStrategy.workersToDelete."""
+    spec = copy.deepcopy(dict(cluster_config))
+    spec.pop("suspend", None)
+    spec.pop("upgradeStrategy", None)
+    head_pod = spec["headGroupSpec"]["template"].get("spec", {})
+    for key in _SCHEDULING_ONLY:
+        head_pod.pop(key, None)
+    for group in spec.get("workerGroupSpecs", []):
+        for key in _GROUP_BOUNDS:
+            group.pop(key, None)
+        group.get("scaleStrategy", {}).pop("workersToDelete", None)
+        for key in _SCHEDULING_ONLY:
+            group["template"].get("spec", {}).pop(key, None)
+    return json.dumps(spec, sort_keys=True)
+
+
+def build_cluster(state: Cluster, rayservice: Mapping[str, Any]) -> Obj:
+    """constructRayClusterForRayService with the hash annotation; no pods yet (a pending cluster's start)."""
+    state.created += 1
+    config = rayservice["spec"]["rayClusterConfig"]
+    cluster = Obj(
+        "RayCluster",
+        f"{rayservice['metadata']['name']}-{state.created}",
+        rayservice["metadata"]["namespace"],
+        _cluster_labels(rayservice),
+        copy.deepcopy(config),
+        {KUBERAY_VERSION_ANNOTATION: state.operator_version, HASH_ANNOTATION: hash_without_replicas(config)},
+    )
+    state.objects.append(cluster)
+    return cluster
+
+
+def zero_downtime(rayservice: Mapping[str, Any]) -> bool:
+    """isZeroDowntimeUpgradeEnabled: NewCluster, or no type at all (ENABLE_ZERO_DOWNTIME unset)."""
+    kind = rayservice["spec"].get("upgradeStrategy", {}).get("type")
+    return kind is None or kind == "NewCluster"
+
+
+def should_prepare_new_cluster(rayservice: Mapping[str, Any], active: Obj | None, pending: Obj | None) -> bool:
+    """shouldPrepareNewCluster: no cluster at all, or, under a zero-downtime strategy, a spec whose hash
+    differs from the pending cluster's (if any) or else the active one's. (A partial match, worker groups
+    appended at the end, is updated in place; this product never appends one.)"""
+    if active is None and pending is None:
+        return True
+    current = pending if pending is not None else active
+    assert current is not None
+    if current.annotations.get(HASH_ANNOTATION) == hash_without_replicas(rayservice["spec"]["rayClusterConfig"]):
+        return False
+    return zero_downtime(rayservice)
+
+
+def ready_to_promote(head_ready: bool, app_statuses: Mapping[str, str]) -> bool:
+    """reconcileServe's isReady: the head pod ready, at least one Serve application, every one RUNNING
+    (getAndCheckServeStatus); no worker is looked at."""
+    return head_ready and bool(app_statuses) and all(status == "RUNNING" for status in app_statuses.values())
+
+
+def deletion_delay_seconds(rayservice: Mapping[str, Any]) -> int:
+    """cleanUpRayClusterInstance: an unreferenced RayCluster goes this long after it stopped being active
+    (RayClusterDeletionDelayDuration, 60 s, unless spec.rayClusterDeletionDelaySeconds)."""
+    return int(rayservice["spec"].get("rayClusterDeletionDelaySeconds", 60))

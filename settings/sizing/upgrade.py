@@ -1,0 +1,58 @@
+"""Sizing: a change to the Ray cluster, by blue/green or by recreate, and how long the old cluster stays."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from settings.sizing.admission import (
+    NLB_DEREGISTRATION_ALLOWANCE_S,
+    NLB_DEREGISTRATION_PROPAGATION_S,
+    graceful_shutdown,
+)
+from settings.sizing.root_volume import gpu_serving_node_bounds
+
+if TYPE_CHECKING:
+    from settings.model import Settings
+
+# The ingress pods' readiness probe (ray_pods/ingress_ready.py): KubeRay's timing for a RayService
+# worker's probe (ray-operator/controllers/ray/utils/constant.go, v1.7.0: every 5 s, one failure turns
+# it unready), with room in the timeout for the script's calls of at most 2 s each.
+INGRESS_READINESS_PERIOD_S = 5
+INGRESS_READINESS_TIMEOUT_S = 10
+# From the probe's verdict to the Service's endpoints without the pod: the EndpointSlice controller and
+# kube-proxy's sync (an allowance, unmeasured).
+ENDPOINT_PROPAGATION_ALLOWANCE_S = 5
+
+
+def holds_second_cluster(s: Settings) -> bool:
+    """Whether the GPU group's maximum holds a second Ray cluster at every side's minimum beside the
+    first at its own: the blue/green upgrade's room. A warm node's placeholder gives way to it (it is
+    preempted like any engine's); where the first cluster has grown, the second waits for room (KubeRay
+    1.7 has no timeout on a pending cluster) while the first keeps serving."""
+    low, high = gpu_serving_node_bounds(s)
+    return high >= 2 * low
+
+
+def blue_green(s: Settings) -> bool:
+    """KubeRay's NewCluster upgrade (a second cluster, then a switch), rather than the recreate Job."""
+    return s.ray_cluster_upgrade == "auto" and holds_second_cluster(s)
+
+
+def readiness_lag_seconds() -> int:
+    """From KubeRay's switch to an old ingress pod's leaving the endpoints: the probe's next run (a
+    period), its longest run (its timeout), then the endpoints' update."""
+    return INGRESS_READINESS_PERIOD_S + INGRESS_READINESS_TIMEOUT_S + ENDPOINT_PROPAGATION_ALLOWANCE_S
+
+
+def cluster_deletion_delay_seconds(s: Settings) -> int:
+    """KubeRay's rayClusterDeletionDelaySeconds under NewCluster: how long the old cluster outlives the
+    switch. Its ingress pods stop taking new requests once their probe sees the switch
+    (readiness_lag_seconds); behind the internal NLB new connections may still reach them for the NLB's
+    deregistration propagation; then the last request they took runs for up to the ingress's drain
+    (request_timeout_seconds and the router allowance, graceful_shutdown). KubeRay's default, 60 s, would
+    cut any stream longer than that."""
+    delay = readiness_lag_seconds() + math.ceil(graceful_shutdown(s, "ingress")[1])
+    if s.internal_endpoint_cidrs:
+        delay += NLB_DEREGISTRATION_PROPAGATION_S + NLB_DEREGISTRATION_ALLOWANCE_S
+    return delay
