@@ -65,6 +65,15 @@ def test_p5_nodes_are_checked_against_the_p_quota_not_g_and_vt() -> None:
     assert not [r for r in results if r.check == GVT or "L-DB2E81BA" in r.detail + r.fix]
 
 
+def test_the_gpu_quota_line_says_the_maximum_holds_a_blue_green_upgrades_second_cluster() -> None:
+    """Decode may grow to 3: 2 GPU nodes at the minimum, 4 at the maximum, room for a second Ray cluster."""
+    room = ["decode_max_replicas=3", "decode_target_ongoing_requests=8"]
+    line = check(preflight(account(), *GOOD, *room), GVT)
+    assert "to grow to their maximum of 4 (which also holds a blue/green upgrade's second cluster)" in line.detail
+    line = check(preflight(account(), *GOOD, *room, "ray_cluster_upgrade=recreate"), GVT)
+    assert "blue/green" not in line.detail and "to grow to their maximum of 4," in line.detail
+
+
 def test_running_p_instances_count_against_the_p_quota_only() -> None:
     answers = p5_account(
         **{

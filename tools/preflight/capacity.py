@@ -197,9 +197,10 @@ def _quota_line(
     surge: int,
     vcpus: int,
     what: str,
+    maximum_holds: str = "",
 ) -> Result:
     """nodes: the group's (minimum, maximum). The deploy needs the minimum; growing to the maximum,
-    and a node group update on top of it, need the rest."""
+    and a node group update on top of it, need the rest. maximum_holds: what else the maximum is for."""
     low, high = nodes
     limit = int(quota_value(account, quota))
     free = limit - used
@@ -210,7 +211,7 @@ def _quota_line(
     detail = (
         f"{quota.name} ({quota.code}): {limit} vCPUs, {used} in use; {what} need {create}"
         + (" more (already deployed)" if account.deployed else "")
-        + (f", {peak - create} more to grow to their maximum of {high}" if high > low else "")
+        + (f", {peak - create} more to grow to their maximum of {high}{maximum_holds}" if high > low else "")
         + f", and an update {update} more"
     )
     ask = (
@@ -243,6 +244,8 @@ def vcpu_quotas(account: Account) -> list[Result]:
             surge,
             account.gpu_vcpus,
             "the GPU nodes",
+            # A Ray cluster change starts a second cluster within the maximum (settings/sizing/upgrade.py).
+            " (which also holds a blue/green upgrade's second cluster)" if sizing.blue_green(settings) else "",
         ),
         _quota_line(
             account,
