@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from cdk_constructs.gpu_nodes import GPU_NODE_LABELS
+from serve_config import DASHBOARD_PORT
 from settings import Settings, sizing
 from tests.conftest import manifests, rayservice_from, synth
-from tests.support import kuberay_paths, placement
+from tests.support import kuberay_paths, placement, reachability
 from tests.support.cluster import DEVICE_PLUGIN_DAEMONSETS, priority_classes, workloads
 from tests.support.kuberay_paths import Cluster
 from tools import change_impact
@@ -147,3 +148,25 @@ def test_the_second_cluster_fits_beside_the_first_on_the_gpu_groups_maximum_and_
     gpu = {w.name for w in second if placement.pod_requests(w.spec).get("nvidia.com/gpu", 0.0) > 0}
     assert gpu == {"green/pd-llm/prefill", "green/pd-llm/decode"}
     assert all(result.groups_of(name) == {gpu_group} for name in gpu)
+
+
+@pytest.mark.parametrize("extra", [{}, NLB], ids=["port-forward", "nlb"])
+def test_the_new_clusters_ingress_probe_reaches_the_serving_head_and_its_own_under_the_network_policies(
+    extra: dict[str, Any],
+) -> None:
+    """ray_pods/ingress_ready.py asks both heads' dashboards for their session: the synthesized
+    NetworkPolicies must admit an ingress pod of either cluster to either head on the dashboard port, or
+    a new cluster's ingress would never turn ready (and the old one's keep its last verdict)."""
+    template = synth(**ROOM, **extra)
+    rayservice = rayservice_from(template)
+    pods = [
+        dataclasses.replace(w, name=f"{color}/{w.name}")
+        for color, name in (("blue", "pd-llm-b1u3e"), ("green", "pd-llm-g7n4q"))
+        for w in placement.ray_workloads(rayservice, cluster_name=name)
+    ]
+    peers = {p.name: p for p in reachability.pod_peers(pods, "10.0.128.0/20")}
+    policies = [m for m in manifests(template) if m["kind"] == "NetworkPolicy"]
+    for source in ("blue", "green"):
+        for head in ("blue", "green"):
+            ingress, target = peers[f"{source}/pd-llm/ingress"], peers[f"{head}/pd-llm/head"]
+            assert reachability.admits(policies, ingress, target, DASHBOARD_PORT), (source, head)
