@@ -20,6 +20,7 @@ MARGIN = 1.5
 BUSY_CI = "2026-12-02, 2 cores, `CI=true bash .ci/run` on a fresh clone while the machine ran synths"
 QUIET = "2026-12-01, 2 cores, `make test` on a machine doing nothing else"
 CI_0312 = "2026-12-03, 2 cores, `CI=true bash .ci/run` on a fresh clone, the rehearsal on a quiet machine"
+CI_0312_B = "2026-12-03, 2 cores, `CI=true bash .ci/run` on a fresh clone of d76309d, the machine otherwise idle"
 
 
 @dataclass(frozen=True)
@@ -43,16 +44,17 @@ class Limit:
 # A case's cap: past it the case fails (rehearsal/__main__.py).
 CASE_CAPS = {
     "pd": Limit("the pd case, start to end", 1235.0, BUSY_CI, 1860.0),
-    "aggregated": Limit("the aggregated case", 233.0, CI_0312, 500.0),
+    # 25 s of its cap went to the ucx and wrong-side-channel caps (2026-12-03): still 2x its slowest.
+    "aggregated": Limit("the aggregated case", 233.0, CI_0312, 475.0),
     "scaling": Limit("the scaling case", 764.0, QUIET, 1150.0),
-    "ucx": Limit("the ucx failure case", 149.0, CI_0312, 250.0),
-    "wrong-side-channel": Limit("the wrong-side-channel failure case", 151.0, CI_0312, 250.0),
-    "no-plugin": Limit("the no-plugin failure case", 133.0, CI_0312, 250.0),
+    "ucx": Limit("the ucx failure case", 173.0, CI_0312_B, 260.0),
+    "wrong-side-channel": Limit("the wrong-side-channel failure case", 176.0, CI_0312_B, 265.0),
+    "no-plugin": Limit("the no-plugin failure case", 151.0, CI_0312_B, 250.0),
 }
 
 # Timed checks inside the cases.
 SCALE_UP = Limit("a new prefill replica serving, under load beside two busy engines", 286.1, BUSY_CI, 430.0)
-SCALE_DOWN = Limit("two prefill replicas down to one, idle (Serve's delay and prefill's drain)", 73.0, CI_0312, 240.0)
+SCALE_DOWN = Limit("two prefill replicas down to one, idle (Serve's delay and prefill's drain)", 75.0, CI_0312_B, 240.0)
 ENGINE_RECOVERY = Limit("a killed engine's side answering again", 117.8, QUIET, 240.0)
 # Measured from the node's stop, so it includes the 30 s the node stays away.
 NODE_RECOVERY = Limit("decode's node lost for 30 s, then answering again", 107.0, CI_0312, 330.0)
