@@ -22,10 +22,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from ray_pods.ingress_ready import OWN_HEAD_ENV, PROXY_HEALTH_ENV, SERVING_DASHBOARD_ENV
 from rehearsal.context import Context
 from rehearsal.network import HEAD_IP
 from serve_config.endpoint_keys import RAY_PODS_PACKAGE
-from serve_config.pod_templates import INGRESS_READY_SCRIPT, SERVING_DASHBOARD_ENV
+from serve_config.pod_templates import INGRESS_READY_SCRIPT
 from tools.checks import Check
 
 
@@ -66,9 +67,9 @@ def readiness_check(ctx: Context) -> list[Check]:
         env = {
             "PATH": "/usr/bin:/bin",
             "TMPDIR": str(state),
-            "FQ_RAY_IP": HEAD_IP,
+            OWN_HEAD_ENV: HEAD_IP,
             SERVING_DASHBOARD_ENV: serving,
-            "PD_PROXY_HEALTH_URL": f"{ctx.serve}/-/healthz",
+            PROXY_HEALTH_ENV: f"{ctx.serve}/-/healthz",
             **{k: v for k, v in ctx.env.items() if k == "RAY_AUTH_TOKEN"},
         }
         return subprocess.run([sys.executable, "-I", str(script)], env=env, capture_output=True, text=True, timeout=60)

@@ -12,6 +12,7 @@ import hashlib
 import json
 from typing import Any
 
+from ray_pods.ingress_ready import SERVING_DASHBOARD_ENV
 from serve_config import (
     CLUSTER_CONFIG_LABEL,
     DASHBOARD_PORT,
@@ -49,10 +50,9 @@ from settings.sizing import (
     ingress_termination_grace_seconds,
 )
 
-# The ingress pods' readiness probe, in the ray_pods package, and the variable that tells it where the
-# serving cluster's dashboard is (its own cluster's comes from KubeRay's FQ_RAY_IP).
+# The ingress pods' readiness probe, in the ray_pods package; it reads the serving cluster's dashboard from
+# SERVING_DASHBOARD_ENV (its own cluster's from KubeRay's FQ_RAY_IP).
 INGRESS_READY_SCRIPT = "ingress_ready.py"
-SERVING_DASHBOARD_ENV = "PD_SERVING_DASHBOARD"
 
 # On instance-store GPU types: the Hugging Face cache on the node's NVMe RAID0, a
 # hostPath, so a restarted pod finds the weights it downloaded (catalog.LOCAL_NVME_MOUNT).

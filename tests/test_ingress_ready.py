@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
+from ray_pods.ingress_ready import OWN_HEAD_ENV, PROXY_HEALTH_ENV, SERVING_DASHBOARD_ENV
 from serve_config import SERVE_PORT
 from serve_config.endpoint_keys import RAY_PODS_CONFIGMAP, RAY_PODS_PACKAGE, RAY_PODS_PYTHONPATH
-from serve_config.pod_templates import INGRESS_READY_SCRIPT, SERVING_DASHBOARD_ENV, serving_dashboard
+from serve_config.pod_templates import INGRESS_READY_SCRIPT, serving_dashboard
 from settings import Settings, sizing
 from settings.project import ROOT
 from tests.conftest import manifests, rayservice_from, require_serve_deps, synth
@@ -112,9 +113,9 @@ class Pod:
         env = {
             "PATH": "/usr/bin:/bin",
             "TMPDIR": str(self.tmp),
-            "FQ_RAY_IP": hosts["own"],
+            OWN_HEAD_ENV: hosts["own"],
             SERVING_DASHBOARD_ENV: f"http://{hosts['serving']}:{DASHBOARD_PORT}",
-            "PD_PROXY_HEALTH_URL": f"http://{hosts['proxy']}:{SERVE_PORT}/-/healthz",
+            PROXY_HEALTH_ENV: f"http://{hosts['proxy']}:{SERVE_PORT}/-/healthz",
         }
         if token is not None:
             env["RAY_AUTH_TOKEN"] = token
@@ -213,5 +214,4 @@ def test_the_ingress_container_runs_the_shipped_probe_with_the_serving_dashboard
     ingress = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == "ingress")
     env = {e["name"]: e["value"] for e in ingress["template"]["spec"]["containers"][0]["env"] if "value" in e}
     assert env[SERVING_DASHBOARD_ENV] == serving_dashboard(Settings()) == "http://pd-llm-head-svc:8265"
-    assert f'SERVING_DASHBOARD_ENV = "{SERVING_DASHBOARD_ENV}"' in SCRIPT.read_text()
     assert all("readinessProbe" not in container for container in groups.values())
