@@ -18,14 +18,15 @@ def repository_name(image: str, *, prefix: str, registry: str) -> str:
     return f"{prefix}/{name}"
 
 
-def with_image(obj: Any, text: str, image: str) -> Any:
-    """obj with every string equal to text replaced by image (a token); nothing else is touched, since other
-    strings may hold shell's ${...}, which Fn::Sub would take for references."""
+def with_string(obj: Any, text: str, value: str) -> Any:
+    """obj with every string equal to text replaced by value (a token): the serving image, the GCS store's
+    address. Nothing else is touched, since other strings may hold shell's ${...}, which Fn::Sub would take
+    for references."""
     if isinstance(obj, dict):
-        return {key: with_image(value, text, image) for key, value in obj.items()}
+        return {key: with_string(item, text, value) for key, item in obj.items()}
     if isinstance(obj, list):
-        return [with_image(value, text, image) for value in obj]
-    return image if obj == text else obj
+        return [with_string(item, text, value) for item in obj]
+    return value if obj == text else obj
 
 
 class PullThroughImageCache(Construct):
@@ -91,4 +92,4 @@ class PullThroughImageCache(Construct):
 
 def from_cache(obj: Any, cache: PullThroughImageCache | None) -> Any:
     """A manifest with the serving image taken from the cache, or as it is where there is none."""
-    return obj if cache is None else with_image(obj, cache.image_text, cache.image)
+    return obj if cache is None else with_string(obj, cache.image_text, cache.image)

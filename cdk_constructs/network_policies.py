@@ -37,6 +37,7 @@ def serving_network_policies(
     metrics_port: int,
     control_plane_cidrs: Sequence[str],
     load_balancer_cidrs: Sequence[str],
+    gcs_store_port: int | None = None,
 ) -> list[dict[str, Any]]:
     """The NetworkPolicies of the serving namespace, as plain manifests (they are reviewed in review/)."""
     # Every Ray pod of this service: KubeRay adds ray.io/cluster to each.
@@ -91,7 +92,30 @@ def serving_network_policies(
                 [{"from": [{"ipBlock": {"cidr": c}} for c in load_balancer_cidrs], "ports": _tcp(serve_port)}],
             )
         )
+    if gcs_store_port is not None:
+        policies.append(_workers_not_to_gcs_store(namespace, ray_pod_labels, gcs_store_port))
     return policies
+
+
+def _workers_not_to_gcs_store(namespace: str, ray_pod_labels: dict[str, str], port: int) -> dict[str, Any]:
+    """Only the head (and KubeRay's cleanup Job, built from it) reaches the GCS store: the worker pods, which
+    run the model's code, may open any TCP port but the store's, anywhere, and any UDP. The store's security
+    group admits every node (pods use their node's groups), and its port is not Ray's GCS port (6379)."""
+    workers: dict[str, Any] = {
+        "matchLabels": dict(ray_pod_labels),
+        "matchExpressions": [{"key": "ray.io/node-type", "operator": "In", "values": ["worker"]}],
+    }
+    everything_but_the_store = [
+        {"protocol": "TCP", "port": 1, "endPort": port - 1},
+        {"protocol": "TCP", "port": port + 1, "endPort": 65535},
+        {"protocol": "UDP"},
+    ]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "workers-not-to-gcs-store", "namespace": namespace},
+        "spec": {"podSelector": workers, "policyTypes": ["Egress"], "egress": [{"ports": everything_but_the_store}]},
+    }
 
 
 class ServingNetworkPolicies(Construct):

@@ -7,8 +7,7 @@ Two paths, each for what it keeps:
   EMF path drops histograms, so it does not carry the Ray pods' metrics.
 - A managed collector (AWS::APS::Scraper) scrapes the Ray pods' `metrics` port into an Amazon
   Managed Service for Prometheus workspace, histograms intact; its rule groups alert through
-  the workspace's alert manager to the stack's SNS topic. The Grafana dashboard for those
-  queries is observability/dashboard.json (tools/import_dashboard.py imports it).
+  the workspace's alert manager to the stack's SNS topic. observability/dashboard.json is their Grafana dashboard.
 """
 
 from __future__ import annotations
@@ -130,8 +129,7 @@ class Observability(Construct):
         scraper_security_group: the collector's ENIs' group.
         scrape_ingress, api_ingress: the rules that admit that group to the Ray pods' metrics port and to
             the EKS API's 443 (on each group the API endpoint's ENIs carry).
-        notifying_alarms: the CloudWatch alarms whose actions publish to the topic; CloudWatch may
-            publish for these and no other.
+        notifying_alarms: the alarms that publish to the topic (notify adds one), the only ones CloudWatch may.
         collector_rbac: the Role and RoleBinding that let the collector list the serving namespace's
             pods (the stack makes it wait for the namespace).
     """
@@ -370,14 +368,17 @@ class Observability(Construct):
             alarm.add_alarm_action(action)
         self._let_alarms_publish(self.notifying_alarms)
 
-    def _let_alarms_publish(self, alarms: list[cloudwatch.AlarmBase]) -> None:
-        """Let CloudWatch publish these alarms' actions to the topic.
+    def notify(self, alarm: cloudwatch.Alarm) -> None:
+        """Another construct's alarm pages the topic too: its action, and CloudWatch's right to publish it."""
+        alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
+        self.notifying_alarms.append(alarm)
+        self._let_alarms_publish([alarm])
 
-        A topic policy replaces SNS's default one, so without this Allow every alarm action is
-        refused (AWS Knowledge Center "cloudwatch-receive-sns-for-alarm-trigger":
-        `...:alarm:<name> is not authorized to perform: SNS:Publish`). CloudWatch names the alarm in
-        aws:SourceArn; the condition lists this stack's alarms rather than `alarm:*`, so no other
-        alarm of the account can page whoever the topic reaches."""
+    def _let_alarms_publish(self, alarms: list[cloudwatch.AlarmBase]) -> None:
+        """Let CloudWatch publish these alarms' actions to the topic. A topic policy replaces SNS's default one,
+        so without this Allow every alarm action is refused (AWS Knowledge Center "cloudwatch-receive-sns-for-
+        alarm-trigger"). The condition lists this stack's alarms (aws:SourceArn) rather than `alarm:*`, so no
+        other alarm of the account can page whoever the topic reaches."""
         stack = Stack.of(self)
         self.topic.add_to_resource_policy(
             iam.PolicyStatement(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aws_cdk import ArnFormat, Aws, Stack
+from aws_cdk import ArnFormat, Aws, Stack, Token
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
@@ -22,6 +22,8 @@ class SyncedSecret:
     """One Secrets Manager secret whose whole string value lands in one key of one Kubernetes Secret.
 
     construct_id: the ExternalSecret manifest's id (stable: it names the CloudFormation resource).
+    secret_name: the secret's name, or its ARN where the stack makes it (a token: the operator may read
+        exactly that secret, which External Secrets finds by ARN as well as by name).
     kms_key_arn: the secret's customer-managed KMS key, if any; the operator may
         decrypt with it only through Secrets Manager. None: Secrets Manager's AWS
         managed key, which needs no grant.
@@ -102,11 +104,15 @@ class SecretsSync(Construct):
 
     def _allow(self, secret: SyncedSecret) -> None:
         # Secrets Manager appends six random characters to a secret's ARN.
-        secret_arn = Stack.of(self).format_arn(
-            service="secretsmanager",
-            resource="secret",
-            resource_name=f"{secret.secret_name}-??????",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        secret_arn = (
+            secret.secret_name
+            if Token.is_unresolved(secret.secret_name)
+            else Stack.of(self).format_arn(
+                service="secretsmanager",
+                resource="secret",
+                resource_name=f"{secret.secret_name}-??????",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
         )
         self.role.add_to_policy(
             iam.PolicyStatement(

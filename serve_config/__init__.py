@@ -56,6 +56,13 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 RAY_SERVICE_ACCOUNT = "ray-model-reader"
 HF_TOKEN_SECRET = "hf-token"  # noqa: S105 - a Secret's name, not a token
 HF_TOKEN_SECRET_KEY = "token"  # noqa: S105 - a key name
+# The GCS store's AUTH token, synced from Secrets Manager (cdk_constructs/gcs_store.py); KubeRay reads it for the
+# head's `ray start --redis-password` and its cleanup Job.
+GCS_STORE_SECRET = "ray-gcs-store"  # noqa: S105 - a Secret's name
+GCS_STORE_SECRET_KEY = "auth-token"  # noqa: S105 - a key name
+# Where the RayService's store address goes until the stack puts the store's endpoint there (a CloudFormation
+# token, which must not enter the cluster-config hash: tokens are numbered by construction order).
+GCS_STORE_ADDRESS_PLACEHOLDER = "rediss://gcs-store.invalid:6380"
 # A label on the RayService carrying a hash of its rayClusterConfig. KubeRay copies
 # the RayService's labels onto the RayCluster it creates (rayservice_controller.go,
 # constructRayClusterForRayService), so a running cluster shows which spec it was

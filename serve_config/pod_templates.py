@@ -17,6 +17,9 @@ from serve_config import (
     CLUSTER_CONFIG_LABEL,
     DASHBOARD_PORT,
     EFA_RESOURCE,
+    GCS_STORE_ADDRESS_PLACEHOLDER,
+    GCS_STORE_SECRET,
+    GCS_STORE_SECRET_KEY,
     GPU_RESOURCE,
     HF_TOKEN_SECRET,
     HF_TOKEN_SECRET_KEY,
@@ -153,6 +156,8 @@ def rayservice(
         spec["rayClusterDeletionDelaySeconds"] = cluster_deletion_delay_seconds(settings)
     cluster = spec["rayClusterConfig"]
     cluster["rayVersion"] = IMAGE_RAY_VERSION
+    if settings.gcs_fault_tolerance:
+        cluster["gcsFaultToleranceOptions"] = gcs_fault_tolerance_options()
     if not settings.ray_token_auth:
         del cluster["authOptions"]
 
@@ -253,6 +258,15 @@ def rayservice(
     return doc
 
 
+def gcs_fault_tolerance_options(address: str = GCS_STORE_ADDRESS_PLACEHOLDER) -> dict[str, Any]:
+    """KubeRay 1.7's Redis GCS fault tolerance: the head gets RAY_REDIS_ADDRESS and `--redis-password=$REDIS_PASSWORD`
+    from the Secret (common/pod.go configureRedisFT), the workers wait 600 s for a lost GCS
+    (RAY_gcs_rpc_server_reconnect_timeout_s), and the storage namespace is the RayCluster's UID, so a new
+    cluster (blue/green, recreate) starts from empty tables. The stack puts the store's endpoint in address."""
+    password = {"valueFrom": {"secretKeyRef": {"name": GCS_STORE_SECRET, "key": GCS_STORE_SECRET_KEY}}}
+    return {"redisAddress": address, "redisPassword": password}
+
+
 def _ingress_group(
     settings: Settings, template: dict[str, Any], system_node_labels: dict[str, str], *, reads_s3: bool
 ) -> dict[str, Any]:
@@ -340,5 +354,10 @@ def cluster_config_hash(rayservice: dict[str, Any]) -> str:
         for group in cluster.get("workerGroupSpecs", []):
             for bound in REPLICA_BOUND_FIELDS:
                 group.pop(bound, None)
+    # The GCS store's address is the stack's (a CloudFormation token when synthesized), not a setting: the hash
+    # reads the placeholder wherever it is (a replaced store is a replaced stateful resource, which pr_guard
+    # refuses).
+    if "gcsFaultToleranceOptions" in cluster:
+        cluster["gcsFaultToleranceOptions"]["redisAddress"] = GCS_STORE_ADDRESS_PLACEHOLDER
     text = json.dumps(cluster, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]

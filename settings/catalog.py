@@ -288,6 +288,21 @@ INSTANCE_TYPES: Mapping[str, InstanceSpec] = MappingProxyType(
 
 # nodeadm's localStorage strategy RAID0 (amazon-eks-ami setup-local-disks) mounts
 # the array here and moves kubelet's and containerd's state onto it.
+# The Ray GCS store's node types (ElastiCache for Valkey) with their on-demand USD per hour in PRICE_REGION, per
+# node (the store runs two): Amazon ElastiCache pricing page, node-based Valkey, us-east-1, read from memory
+# and unconfirmed offline (Valkey nodes are priced 20% below Redis OSS's: t4g.micro $0.016 -> $0.0128).
+GCS_STORE_NODE_PRICES: Mapping[str, float] = MappingProxyType(
+    {
+        "cache.t4g.micro": 0.0128,
+        "cache.t4g.small": 0.0256,
+        "cache.t4g.medium": 0.0520,
+        "cache.m7g.large": 0.1264,
+        "cache.r7g.large": 0.1752,
+    }
+)
+DEFAULT_GCS_STORE_NODE_TYPE = "cache.t4g.micro"
+GCS_STORE_PRICE_SOURCE = "Amazon ElastiCache pricing page, node-based Valkey, us-east-1 (unconfirmed offline)"
+
 LOCAL_NVME_MOUNT = "/mnt/k8s-disks/0"
 
 # --- GPU node AMI ------------------------------------------------------------

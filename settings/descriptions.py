@@ -209,6 +209,15 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "how a change to the Ray cluster (image, pods, environment) rolls out: `auto`, KubeRay's blue/green `NewCluster` where the GPU group's maximum holds a second cluster at every side's minimum (the old one serves until the new one's app runs), else the recreate Job (the endpoint is down for a cluster start); `recreate`, always the Job (a capacity reservation with no room for a second cluster). See docs/operations.md, \"Upgrades\"",
         f"one of {_listed(RAY_CLUSTER_UPGRADES)}",
     ),
+    "gcs_fault_tolerance": SettingDoc(
+        'Ray GCS fault tolerance (KubeRay `gcsFaultToleranceOptions`): the head\'s GCS keeps its tables in an ElastiCache for Valkey store in the stack (two nodes in two AZs, TLS, encrypted at rest, an AUTH token generated into Secrets Manager and synced by External Secrets), so a lost head comes back and the replicas keep serving. Off: a lost head takes every replica with it, the endpoint down for a cluster start (see "A lost Ray head")',
+        _BOOL
+        + "; on, `cluster_name` is 1-36 letters, digits or single hyphens, from a letter (the store is `<cluster_name>-gcs`)",
+    ),
+    "gcs_store_node_type": SettingDoc(
+        "the GCS store's ElastiCache node type, two of them (Ray's tables are kilobytes to a few MB)",
+        f"one of {_listed(catalog.GCS_STORE_NODE_PRICES)}",
+    ),
     "prefill_tensor_parallel_size": SettingDoc(
         "GPUs per engine replica on each side (vLLM `tensor_parallel_size`): a divisor of the node's GPUs, each pod holding whole EFA devices; the two may differ where vLLM 0.26's NixlConnector allows it (see \"Bigger instances\")",
         f"one of {_listed(TENSOR_PARALLEL_SIZES)} dividing the node's GPUs, each pod holding whole EFA devices",

@@ -57,7 +57,16 @@ def hourly_cost(s: Settings, gpu_nodes: int | None = None) -> list[CostLine]:
         CostLine("NAT gateways", nat_gateways, NAT_GATEWAY_PER_HOUR),
         CostLine("EKS control plane", 1, EKS_CONTROL_PLANE_PER_HOUR),
         CostLine(f"gp3 root volumes ({disks_gb} GB)", disks_gb, GP3_PER_GB_MONTH / HOURS_PER_MONTH),
+        *gcs_store_cost(s),
     ]
+
+
+def gcs_store_cost(s: Settings) -> list[CostLine]:
+    """The GCS store's two ElastiCache nodes, with GCS fault tolerance (prices: catalog.GCS_STORE_PRICE_SOURCE)."""
+    if not s.gcs_fault_tolerance:
+        return []
+    price = catalog.GCS_STORE_NODE_PRICES[s.gcs_store_node_type]
+    return [CostLine(f"{s.gcs_store_node_type} GCS store nodes (ElastiCache for Valkey)", 2, price)]
 
 
 def hourly_cost_range(s: Settings) -> tuple[float, float]:
@@ -158,6 +167,8 @@ def observability_monthly_cost(s: Settings) -> list[CostLine]:
     samples = ray_series(s) * seconds / s.observability_scrape_interval_seconds
     nodes = s.system_nodes_desired + s.gpu_nodes
     observations = (nodes * 30 + nodes * OBSERVED_PODS_PER_NODE * (30 + 12)) * seconds / 60
+    # The GCS store's alarm is a metric-math alarm over its two nodes: billed as two metrics.
+    alarms = 3 + (2 if s.gcs_fault_tolerance else 0)
     per_month = {
         f"managed Prometheus ingestion ({samples / 1e6:.0f}M samples)": samples / 1e7 * AMP_PER_10M_SAMPLES,
         "managed Prometheus storage": samples * 2 / 2**30 * AMP_STORAGE_PER_GB_MONTH,
@@ -166,7 +177,9 @@ def observability_monthly_cost(s: Settings) -> list[CostLine]:
             observations / 1e6 * CONTAINER_INSIGHTS_PER_1M_OBSERVATIONS
         ),
         f"container logs ({CONTAINER_LOGS_GB_PER_MONTH:g} GB assumed)": CONTAINER_LOGS_GB_PER_MONTH * LOGS_PER_GB,
-        "3 alarms, 1 composite, 1 dashboard": 3 * ALARM_PER_MONTH + COMPOSITE_ALARM_PER_MONTH + DASHBOARD_PER_MONTH,
+        f"{alarms} alarms, 1 composite, 1 dashboard": alarms * ALARM_PER_MONTH
+        + COMPOSITE_ALARM_PER_MONTH
+        + DASHBOARD_PER_MONTH,
     }
     return [CostLine(item, 1, cost / HOURS_PER_MONTH) for item, cost in per_month.items()]
 

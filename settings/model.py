@@ -114,6 +114,11 @@ class Settings:
     # recreate Job (the endpoint is down for a cluster start); recreate: always the Job (a capacity
     # reservation with no room for a second cluster, say).
     ray_cluster_upgrade: str = "auto"
+    # GCS fault tolerance (docs/operations.md, "A lost Ray head"): the head's GCS keeps its tables in an
+    # ElastiCache for Valkey store (two nodes, Multi-AZ, TLS, an AUTH token from Secrets Manager), so a head
+    # that restarts finds them and the workers keep their replicas. False: a lost head takes every replica.
+    gcs_fault_tolerance: bool = True
+    gcs_store_node_type: str = catalog.DEFAULT_GCS_STORE_NODE_TYPE
     # GPUs per engine replica on each side (vLLM tensor_parallel_size); the sides may
     # differ where vLLM 0.26's NixlConnector allows it (_validate_tensor_parallel). Each
     # replica is one Ray worker pod holding its GPUs and their share of the EFA devices.

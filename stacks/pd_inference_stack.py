@@ -11,8 +11,10 @@ import serve_config
 from cdk_constructs.addons import ClusterAddons
 from cdk_constructs.cluster import EksCluster
 from cdk_constructs.cluster_autoscaler import ClusterAutoscaler
+from cdk_constructs.gcs_store import GCS_STORE_PORT, GcsStore
 from cdk_constructs.gpu_nodes import EfaGpuNodes, gpu_toleration
-from cdk_constructs.image_cache import PullThroughImageCache, from_cache
+from cdk_constructs.head_image import HeadImage
+from cdk_constructs.image_cache import PullThroughImageCache, from_cache, with_string
 from cdk_constructs.llm_service import LlmService
 from cdk_constructs.log_encryption import LogEncryptionKey
 from cdk_constructs.model_weights import ModelReadAccess
@@ -25,13 +27,15 @@ from cdk_constructs.secrets_sync import SecretsSync
 from cdk_constructs.system_nodes import SystemNodes
 from cdk_constructs.warm_nodes import WarmGpuNodes
 from serve_config import endpoint_keys, pod_templates
+from serve_config.head_image import head_image_daemonset
 from serve_config.observability_payloads import render_rules, render_scrape
 from serve_config.warm_nodes import warm_node_manifests
 from settings import Settings
 from settings.catalog import CLUSTER_AUTOSCALER_IMAGE_TAGS, ECR_PUBLIC_REGISTRY, KUBERAY_OPERATOR
-from settings.estimates import PRICE_SOURCE, cost_summary, observability_summary
+from settings.estimates import observability_summary
 from settings.model import s3_model_location
 from settings.sizing import gpu_node_bounds, nlb_deregistration_delay
+from stacks.outputs import usage_outputs
 from stacks.synced_secrets import synced_secrets
 
 
@@ -113,24 +117,41 @@ class PdInferenceStack(Stack):
                 node_roles=[system_nodes.role, gpu_nodes.role],
                 image_text=serve_config.serving_image(settings),
             )
-        rayservice = pod_templates.rayservice(
-            settings,
-            system_node_labels=dict(system_nodes.labels),
-            gpu_node_labels=dict(gpu_nodes.labels),
-            gpu_toleration=gpu_toleration(),
+        rayservice = from_cache(
+            pod_templates.rayservice(
+                settings,
+                system_node_labels=dict(system_nodes.labels),
+                gpu_node_labels=dict(gpu_nodes.labels),
+                gpu_toleration=gpu_toleration(),
+            ),
+            image_cache,
         )
+        gcs_store: GcsStore | None = None
+        if settings.gcs_fault_tolerance:
+            gcs_store = GcsStore(
+                self,
+                "GcsStore",
+                vpc=network.vpc,
+                node_security_group=cluster.cluster_security_group,
+                cluster_name=settings.cluster_name,
+                node_type=settings.gcs_store_node_type,
+            )
+            rayservice = with_string(rayservice, serve_config.GCS_STORE_ADDRESS_PLACEHOLDER, gcs_store.address)
         service = LlmService(
             self,
             "LlmService",
             cluster=cluster,
             namespace=settings.serving_namespace,
-            rayservice=from_cache(rayservice, image_cache),
+            rayservice=rayservice,
             system_node_labels=system_nodes.labels,
             namespace_labels=READINESS_GATE_LABELS if settings.internal_endpoint_cidrs else None,
         )
         if image_cache is not None:
             # The pods pull the cached image: the rule, the repository and the nodes' import right first.
             service.rayservice_manifest.node.add_dependency(image_cache)
+        if gcs_store is not None:
+            # The store outlives the RayService on delete: KubeRay's cleanup Job reads it while the RayCluster goes.
+            service.rayservice_manifest.node.add_dependency(gcs_store)
         # The control plane's ENIs, and an internal NLB, live in the private subnets.
         private_cidrs = [subnet.ipv4_cidr_block for subnet in network.vpc.private_subnets]
         network_policies = ServingNetworkPolicies(
@@ -150,6 +171,7 @@ class PdInferenceStack(Stack):
                 metrics_port=serve_config.METRICS_PORT,
                 control_plane_cidrs=private_cidrs,
                 load_balancer_cidrs=private_cidrs if settings.internal_endpoint_cidrs else [],
+                gcs_store_port=GCS_STORE_PORT if gcs_store is not None else None,
             ),
         )
         # The policies are in place before any Ray pod starts, and go after them.
@@ -170,7 +192,7 @@ class PdInferenceStack(Stack):
             weights.service_account_manifest.node.add_dependency(service.namespace_manifest)
             # The whole construct: pods admitted before the association exists never get credentials.
             service.rayservice_manifest.node.add_dependency(weights)
-        synced = synced_secrets(settings)
+        synced = synced_secrets(settings, gcs_store=gcs_store)
         secrets_releases: list[Construct] = []
         synced_secret_manifests: list[Construct] = []
         autoscaler_releases: list[Construct] = []
@@ -226,6 +248,22 @@ class PdInferenceStack(Stack):
             warm.deployment.node.add_dependency(
                 service.namespace_manifest, *nodegroups, *addons.releases, *synced_secret_manifests
             )
+        if gcs_store is not None:
+            # The head comes back within the workers' 600 s only if its node need not pull the image first.
+            head_image = HeadImage(
+                self,
+                "HeadImage",
+                cluster=cluster,
+                daemonset=from_cache(
+                    head_image_daemonset(
+                        settings, namespace=settings.serving_namespace, system_node_labels=system_nodes.labels
+                    ),
+                    image_cache,
+                ),
+            )
+            head_image.manifest.node.add_dependency(service.namespace_manifest, *nodegroups)
+            if image_cache is not None:
+                head_image.manifest.node.add_dependency(image_cache)
         code = RayPodsCode(self, "RayPodsCode", cluster=cluster, configmap=endpoint_keys.ray_pods_configmap(settings))
         code.manifest.node.add_dependency(service.namespace_manifest)
         service.rayservice_manifest.node.add_dependency(code.manifest)
@@ -322,6 +360,8 @@ class PdInferenceStack(Stack):
                 ),
                 description="Imports observability/dashboard.json (KV path and latency panels) into a Grafana",
             )
+            if gcs_store is not None:
+                watch.notify(gcs_store.no_primary_alarm())
             CfnOutput(self, "AlarmTopicArn", value=watch.topic.topic_arn, description="Every alarm goes here")
             CfnOutput(
                 self,
@@ -330,47 +370,4 @@ class PdInferenceStack(Stack):
                 description="Monthly estimate of the metrics, logs and alarms (settings/estimates.py)",
             )
 
-        CfnOutput(
-            self,
-            "EstimatedCostPerHour",
-            value=cost_summary(settings),
-            description=f"On-demand estimate from {PRICE_SOURCE}",
-        )
-        region = self.region
-        CfnOutput(self, "ClusterName", value=cluster.cluster_name, description="EKS cluster name")
-        CfnOutput(
-            self,
-            "UpdateKubeconfigCommand",
-            value=f"aws eks update-kubeconfig --name {cluster.cluster_name} --region {region}",
-            description="Point kubectl at the cluster",
-        )
-        CfnOutput(
-            self,
-            "GpuNodeAvailabilityZone",
-            value=network.gpu_subnet.availability_zone,
-            description="The one AZ of the EFA GPU nodes (it must offer the GPU instance type)",
-        )
-        svc = serve_config.ingress_service_name(settings)
-        port = serve_config.SERVE_PORT
-        CfnOutput(
-            self,
-            "PortForwardCommand",
-            value=f"kubectl -n {settings.serving_namespace} port-forward svc/{svc} {port}:{port}",
-            description=(
-                "Reach the OpenAI-compatible endpoint on localhost, through the ingress pod "
-                "(kubectl stays on the pod it picked: run it again after that pod is replaced)"
-            ),
-        )
-        keyed = settings.endpoint_api_keys_secret_name is not None
-        CfnOutput(
-            self,
-            "ChatCompletionExample",
-            value=(
-                f"curl -s http://localhost:{port}/v1/chat/completions -H 'Content-Type: application/json' "
-                + ('-H "Authorization: Bearer $OPENAI_API_KEY" ' if keyed else "")
-                + f'-d \'{{"model": "{settings.model_id}", "messages": [{{"role": "user", '
-                f'"content": "Hello"}}], "max_tokens": 64}}\''
-            ),
-            description="One chat completion through the port-forward"
-            + (f" (OPENAI_API_KEY: a key from the secret {settings.endpoint_api_keys_secret_name})" if keyed else ""),
-        )
+        usage_outputs(self, settings=settings, cluster=cluster, gpu_subnet=network.gpu_subnet)

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import serve_config
+from cdk_constructs.gcs_store import GcsStore
 from cdk_constructs.secrets_sync import SyncedSecret
 from serve_config import endpoint_keys
 from settings import Settings
 
 
-def synced_secrets(settings: Settings) -> list[SyncedSecret]:
-    """The Secrets Manager secrets the settings name, as External Secrets syncs them into the serving namespace."""
+def synced_secrets(settings: Settings, *, gcs_store: GcsStore | None = None) -> list[SyncedSecret]:
+    """The Secrets Manager secrets the settings name, and the GCS store's AUTH token where the stack makes the
+    store, as External Secrets syncs them into the serving namespace."""
     synced = []
+    if gcs_store is not None:
+        synced.append(
+            SyncedSecret(
+                construct_id="GcsStoreExternalSecret",
+                secret_name=gcs_store.auth_token.secret_arn,
+                target_secret=serve_config.GCS_STORE_SECRET,
+                target_key=serve_config.GCS_STORE_SECRET_KEY,
+                # ElastiCache's token changes only by a rotation the stack does not do.
+                refresh_seconds=3600,
+                kms_key_arn=gcs_store.key.key_arn,
+            )
+        )
     if settings.hf_token_secret_name is not None:
         synced.append(
             SyncedSecret(

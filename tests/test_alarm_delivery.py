@@ -157,9 +157,11 @@ def test_every_publisher_may_publish_to_the_topic_and_use_its_key(overrides: dic
     world = deployed_world(template)
     topic_id, topic_policy, key_policy = _topic(template)
     senders = publishers(template, topic_id, world)
-    # The alert manager and both notifying alarms (the composite's two halves notify only through it).
+    # The alert manager, both notifying alarms (the composite's two halves notify only through it) and the GCS
+    # store's.
     assert sorted(s for _, s, _ in senders) == [
         "aps.amazonaws.com",
+        "cloudwatch.amazonaws.com",
         "cloudwatch.amazonaws.com",
         "cloudwatch.amazonaws.com",
     ]

@@ -17,6 +17,7 @@ from settings import Settings, sizing
 from tests.conftest import ROOT, synth
 from tools import change_impact, pr_guard, template_diff
 from tools.change_impact import Impact
+from tools.template_text import render
 
 serve = pytest.mark.serve
 one_ray = pytest.mark.xdist_group("ray")
@@ -56,8 +57,11 @@ def _edit_deployment(template: dict[str, Any], prefix: str, **options: Any) -> d
     """The template with one entry of serveConfigV2's `deployments` list edited, as a user would edit it."""
     edited = copy.deepcopy(template)
     for resource in edited["Resources"].values():
-        manifest = resource.get("Properties", {}).get("Manifest")
-        if resource["Type"] != "Custom::AWSCDK-EKS-KubernetesResource" or "RayService" not in manifest:
+        if resource["Type"] != "Custom::AWSCDK-EKS-KubernetesResource":
+            continue
+        # A manifest that holds a token (the GCS store's address) is an Fn::Join: read as change_impact reads it.
+        manifest = render(resource["Properties"]["Manifest"])
+        if "RayService" not in manifest:
             continue
         docs = json.loads(manifest)
         for doc in docs:

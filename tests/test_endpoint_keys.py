@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 import app as cdk_app
+import serve_config
 from rehearsal.keys import write_like_the_kubelet
 from serve_config import endpoint_keys
 from settings import SettingsError, settings_from
@@ -43,6 +44,8 @@ from tools.template_text import render
 pytestmark = pytest.mark.private_internals
 
 KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys"}
+# The keys alone in the External Secrets role and manifests (the GCS store's token: tests/test_gcs_store.py).
+KEYS_ONLY = {**KEYS, "gcs_fault_tolerance": "false"}
 NLB = {"internal_endpoint_cidrs": "10.0.0.0/8"}
 CERT = "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555"
 serve = pytest.mark.serve
@@ -112,7 +115,9 @@ def test_on_the_defaults_the_products_ingress_serves_without_keys_and_no_key_is_
         "ingress_cls": "ray_pods.api_keys:ApiKeyIngress",
         "ingress_extra_kwargs": {"request_timeout_s": 900, "code_digest": endpoint_keys.ray_pods_digest()},
     }
-    assert "ExternalSecret" not in {m["kind"] for m in manifests(template)}
+    # The one ExternalSecret is the GCS store's token.
+    synced = [m["spec"]["target"]["name"] for m in manifests(template) if m["kind"] == "ExternalSecret"]
+    assert synced == [serve_config.GCS_STORE_SECRET]
     for pod in _pods(template):
         assert "api-keys" not in {v["name"] for v in pod["spec"].get("volumes", [])}
         assert "ray-pods-code" in {v["name"] for v in pod["spec"].get("volumes", [])}
@@ -133,7 +138,7 @@ def test_the_serve_config_names_the_key_ingress_with_the_mounted_file(mode: str)
 
 
 def test_external_secrets_syncs_the_keys_with_the_interval_setting() -> None:
-    template = synth(**KEYS, endpoint_api_keys_refresh_seconds=90)
+    template = synth(**KEYS_ONLY, endpoint_api_keys_refresh_seconds=90)
     (external,) = [m for m in manifests(template) if m["kind"] == "ExternalSecret"]
     assert external["metadata"] == {**external["metadata"], "name": "endpoint-api-keys", "namespace": "llm"}
     assert external["spec"]["refreshInterval"] == "90s"
@@ -144,8 +149,8 @@ def test_external_secrets_syncs_the_keys_with_the_interval_setting() -> None:
 
 
 def test_token_and_keys_share_one_operator_and_the_tokens_ids_do_not_move() -> None:
-    both = synth(**KEYS, hf_token_secret_name="prod/hf-token")
-    token_only = synth(hf_token_secret_name="prod/hf-token")
+    both = synth(**KEYS_ONLY, hf_token_secret_name="prod/hf-token")
+    token_only = synth(hf_token_secret_name="prod/hf-token", gcs_fault_tolerance="false")
     assert sorted(m["spec"]["refreshInterval"] for m in manifests(both) if m["kind"] == "ExternalSecret") == [
         "1h",
         "1m",
@@ -187,7 +192,7 @@ def test_the_configmap_carries_exactly_the_ray_pods_package() -> None:
 def test_the_rayservice_waits_for_the_keys_and_the_code() -> None:
     template = synth(**KEYS)
     rayservice = manifest_resource(template, "RayService")
-    assert depends_on(template, rayservice, manifest_resource(template, "ExternalSecret"))
+    assert depends_on(template, rayservice, manifest_resource(template, "ExternalSecret", "endpoint-api-keys"))
     assert depends_on(template, rayservice, manifest_resource(template, "ConfigMap"))
     assert depends_on(template, manifest_resource(template, "ConfigMap"), manifest_resource(template, "Namespace"))
 

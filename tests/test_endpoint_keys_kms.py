@@ -16,7 +16,8 @@ from settings import SettingsError, settings_from
 from tests.conftest import PROJECT_CONTEXT, pod_identity_policy, resources, synth
 from tools.template_text import render
 
-KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys"}
+# The keys alone in the External Secrets role (the GCS store key's grant: tests/test_gcs_store.py).
+KEYS = {"endpoint_api_keys_secret_name": "prod/llm-keys", "gcs_fault_tolerance": "false"}
 KEYS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 TOKEN_KEY = "arn:aws:kms:us-east-1:123456789012:key/0000abcd-12ab-34cd-56ef-1234567890ab"
 VIA_SECRETS_MANAGER = "secretsmanager.${AWS::Region}.amazonaws.com"

@@ -89,10 +89,13 @@ def test_the_plan_table_says_why() -> None:
 
 
 def test_cost_matches_hand_calculation() -> None:
-    # 2 x 2.0144 + 2 x 0.2016 + 2 NAT x 0.045 + 0.10 EKS + (2 x 100 + 2 x 50) GB x 0.08 / 730 = 4.6549 $/h
+    # 2 x 2.0144 + 2 x 0.2016 + 2 NAT x 0.045 + 0.10 EKS + (2 x 100 + 2 x 50) GB x 0.08 / 730
+    # + 2 GCS store nodes x 0.0128 = 4.6805 $/h
     total = sum(line.per_hour or 0 for line in hourly_cost(Settings()))
-    assert total == pytest.approx(4.6549, abs=0.001)
-    assert cost_summary(Settings()).startswith("~$4.65/h")
+    assert total == pytest.approx(4.6805, abs=0.001)
+    assert cost_summary(Settings()).startswith("~$4.68/h")
+    without_store = sum(line.per_hour or 0 for line in hourly_cost(Settings(gcs_fault_tolerance=False)))
+    assert without_store == pytest.approx(4.6549, abs=0.001)
     assert PRICE_DATE in cost_summary(Settings())
 
 
@@ -101,7 +104,7 @@ def test_cost_names_what_it_cannot_price() -> None:
 
 
 def test_cost_is_a_stack_output(template: dict[str, Any]) -> None:
-    assert template["Outputs"]["EstimatedCostPerHour"]["Value"].startswith("~$4.65/h")
+    assert template["Outputs"]["EstimatedCostPerHour"]["Value"].startswith("~$4.68/h")
 
 
 # --- The verdict across the calibrated ranges, and both sides of the trade ----------------------------------
@@ -157,22 +160,22 @@ def _range() -> Settings:
 def test_cost_gives_a_range_from_the_minimum_to_the_maximum() -> None:
     """Decode 1 -> 3: 2 GPU nodes at the minimum, 4 at the maximum (settings/sizing/root_volume.py gpu_node_bounds).
 
-    Minimum: the defaults' 4.6549 $/h. Maximum: 2 more g6.8xlarge (2 x 2.0144) and their 50 GB roots
-    (100 GB x 0.08 / 730 = 0.01096): 4.6549 + 4.0288 + 0.01096 = 8.69466 $/h.
+    Minimum: the defaults' 4.6805 $/h. Maximum: 2 more g6.8xlarge (2 x 2.0144) and their 50 GB roots
+    (100 GB x 0.08 / 730 = 0.01096): 4.6805 + 4.0288 + 0.01096 = 8.72026 $/h.
     """
     s = _range()
     low, high = hourly_cost_range(s)
-    assert low == pytest.approx(4.6549, abs=0.001)
-    assert high == pytest.approx(8.6947, abs=0.001)
-    assert cost_summary(s).startswith("~$4.65/h at the minimum (2 GPU nodes) to ~$8.69/h at the maximum (4 GPU nodes)")
+    assert low == pytest.approx(4.6805, abs=0.001)
+    assert high == pytest.approx(8.7203, abs=0.001)
+    assert cost_summary(s).startswith("~$4.68/h at the minimum (2 GPU nodes) to ~$8.72/h at the maximum (4 GPU nodes)")
     # A fixed group keeps the one figure (the stack output and README's block are unchanged).
-    assert hourly_cost_range(Settings()) == pytest.approx((4.6549, 4.6549), abs=0.001)
+    assert hourly_cost_range(Settings()) == pytest.approx((4.6805, 4.6805), abs=0.001)
     assert "maximum" not in cost_summary(Settings())
 
 
 def test_the_stack_output_gives_the_range() -> None:
     value = synth(decode_max_replicas=3, decode_target_ongoing_requests=8)["Outputs"]["EstimatedCostPerHour"]["Value"]
-    assert value.startswith("~$4.65/h at the minimum (2 GPU nodes) to ~$8.69/h at the maximum (4 GPU nodes)")
+    assert value.startswith("~$4.68/h at the minimum (2 GPU nodes) to ~$8.72/h at the maximum (4 GPU nodes)")
 
 
 def test_the_scale_up_budget_matches_a_hand_calculation() -> None:
@@ -234,7 +237,7 @@ def test_the_scale_up_table_prints_every_term_and_the_cost_at_both_ends() -> Non
         "total" in table and "6.4-10.9 min" in table and "with a standard image pull (240-360 s): 8.6-14.2 min" in table
     )
     assert "before any pull: 3.5-5.1 min" in table and "1.6-3.9 min" in table
-    assert "~$4.65 at the minimum (2 GPU nodes), ~$8.69 at the maximum (4 GPU nodes)" in table
+    assert "~$4.68 at the minimum (2 GPU nodes), ~$8.72 at the maximum (4 GPU nodes)" in table
 
 
 # --- The observability estimate: every Ray pod the collector scrapes ----------------------------------------

@@ -113,7 +113,7 @@ def test_the_pods_wait_for_the_cache_and_the_nodes_right_to_fill_it() -> None:
     template = synth(**CACHE, **WARM)
     cache = {k for k in template["Resources"] if k.startswith("ImageCache")}
     assert len(cache) == 3
-    for kind, name in (("RayService", None), ("Deployment", "gpu-warm-node")):
+    for kind, name in (("RayService", None), ("Deployment", "gpu-warm-node"), ("DaemonSet", "ray-head-image")):
         (resource,) = [
             r
             for r in resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values()

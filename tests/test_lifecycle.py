@@ -64,8 +64,8 @@ def test_load_balanced_service_deleted_before_its_controller_subnets_and_groups(
         if not props["MapPublicIpOnLaunch"]:
             assert depends_on(full, service, subnet), subnet
     for group in resources(full, "AWS::EC2::SecurityGroup"):
-        if group.startswith("ObservabilityScraperSecurityGroup"):
-            continue  # the managed collector's ENIs only: no load balancer rule refers to it
+        if group.startswith(("ObservabilityScraperSecurityGroup", "GcsStoreSecurityGroup")):
+            continue  # the managed collector's ENIs, the GCS store's: no load balancer rule refers to them
         assert depends_on(full, service, group), group
 
 
@@ -126,7 +126,7 @@ def test_log_groups_and_key_are_removed_on_destroy(template: dict[str, Any]) -> 
     cluster = next(iter(resources(template, "AWS::EKS::Cluster")))
     assert depends_on(template, cluster, control_plane)
     keys = resources(template, "AWS::KMS::Key")
-    assert len(keys) == 3  # Kubernetes secrets; the log groups; the alarm topic
+    assert len(keys) == 4  # Kubernetes secrets; the log groups; the alarm topic; the GCS store and its token
     for key in keys.values():
         assert key["DeletionPolicy"] == "Delete"
         assert key["Properties"]["PendingWindowInDays"] == 7

@@ -14,9 +14,10 @@ from tests.conftest import PROJECT_CONTEXT, only, synth
 from tests.support.autoscaling import AUTOSCALING
 
 REVIEWED_DEFAULT = 14
-REVIEWED_OPTIONAL = 12
-# Optional acknowledgements whose construct the defaults build (Observability/AgentRole: observability is on).
-OPTIONAL_ON_BY_DEFAULT = 1
+REVIEWED_OPTIONAL = 13
+# Optional acknowledgements whose construct the defaults build (Observability/AgentRole: observability is on;
+# GcsStore/AuthToken: GCS fault tolerance is on).
+OPTIONAL_ON_BY_DEFAULT = 2
 
 
 def test_nag_passes_on_defaults(template: dict[str, Any]) -> None:

@@ -198,7 +198,7 @@ def test_alerts_and_alarms_go_to_one_encrypted_topic_that_aps_and_cloudwatch_may
         **resources(template, "AWS::CloudWatch::CompositeAlarm"),
     }.items():
         actions = alarm["Properties"].get("AlarmActions", [])
-        if name.startswith(("ObservabilityNodeNotReady", "ObservabilityKvOffEfa")):
+        if name.startswith(("ObservabilityNodeNotReady", "ObservabilityKvOffEfa", "GcsStoreNoPrimary")):
             assert actions == [{"Ref": topic_id}], name
         else:
             # The composite's two halves notify only through it.
@@ -306,7 +306,8 @@ def test_the_cloudwatch_dashboard_and_alarms_run_the_checked_queries() -> None:
     assert sorted(expressions) == sorted(sql for _, sql in insights_queries(CLUSTER, "llm").values())
     alarmed = {
         m["Expression"]
-        for a in resources(template, "AWS::CloudWatch::Alarm").values()
+        for name, a in resources(template, "AWS::CloudWatch::Alarm").items()
+        if name.startswith("Observability")
         for m in a["Properties"]["Metrics"]
     }
     assert alarmed == {sql for _, sql in alarm_queries(CLUSTER, "llm").values()}

@@ -21,7 +21,12 @@ from tests.conftest import (
 )
 from tools.template_text import render
 
-TOKEN_SETTINGS = {"hf_token_secret_name": "prod/hf-token", "model_id": "meta-llama/Llama-3.1-8B-Instruct"}
+# The model token alone in the External Secrets role (the GCS store's token: tests/test_gcs_store.py).
+TOKEN_SETTINGS = {
+    "hf_token_secret_name": "prod/hf-token",
+    "model_id": "meta-llama/Llama-3.1-8B-Instruct",
+    "gcs_fault_tolerance": "false",
+}
 NLB_SETTINGS = {"internal_endpoint_cidrs": "10.0.0.0/8,192.168.10.0/24"}
 
 

@@ -187,8 +187,8 @@ def test_plan_prints_the_scale_up_budget_term_by_term_and_the_cost_range(capsys:
     totals = [line for line in lines if line.split()[0] == "total"]
     assert "6.4-10.9 min" in totals[0] and "1.6-3.9 min" in totals[1]
     assert "with a standard image pull (240-360 s): 8.6-14.2 min" in budget
-    assert "~$4.65 at the minimum (2 GPU nodes), ~$8.69 at the maximum (4 GPU nodes)" in budget
-    assert "Estimated cost: ~$4.65/h at the minimum (2 GPU nodes) to ~$8.69/h at the maximum (4 GPU nodes)" in out
+    assert "~$4.68 at the minimum (2 GPU nodes), ~$8.72 at the maximum (4 GPU nodes)" in budget
+    assert "Estimated cost: ~$4.68/h at the minimum (2 GPU nodes) to ~$8.72/h at the maximum (4 GPU nodes)" in out
 
 
 def test_default_settings_object_is_what_tools_load() -> None:

@@ -199,7 +199,7 @@ def test_a_placeholder_of_the_ray_pods_priority_would_never_yield() -> None:
 
 def test_the_warm_node_is_in_the_cost() -> None:
     s = settings_from({**PROJECT_CONTEXT, **WARM})
-    assert cost_summary(s).startswith("~$6.67/h at the minimum (3 GPU nodes, 1 of them warm) to ~$8.69/h")
+    assert cost_summary(s).startswith("~$6.70/h at the minimum (3 GPU nodes, 1 of them warm) to ~$8.72/h")
     output = synth(**WARM)["Outputs"]["EstimatedCostPerHour"]["Value"]
     assert output == cost_summary(s)
 

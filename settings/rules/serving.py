@@ -16,6 +16,7 @@ from settings.sizing import (
     min_gpu_memory_utilization,
 )
 
+_GCS_STORE_CLUSTER_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9-]{0,34}[A-Za-z0-9])?$")
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _HF_REPO = re.compile(r"^[\w.\-]+/[\w.\-]+$")
 # s3://bucket/prefix: a bucket name (3-63 lowercase letters, digits, dots, hyphens) and a non-empty prefix.
@@ -72,6 +73,18 @@ def check_model(s: Settings) -> None:
         s.ray_cluster_upgrade,
         f"one of {list(RAY_CLUSTER_UPGRADES)}",
     )
+    stores = list(catalog.GCS_STORE_NODE_PRICES)
+    require(s.gcs_store_node_type in stores, "gcs_store_node_type", s.gcs_store_node_type, f"one of {stores}")
+    if s.gcs_fault_tolerance:
+        # The store's replication group is `<cluster_name>-gcs`: ElastiCache's 1-40 letters, digits or
+        # hyphens, from a letter, with no two hyphens in a row and none at the end.
+        require(
+            bool(_GCS_STORE_CLUSTER_NAME.match(s.cluster_name)) and "--" not in s.cluster_name,
+            "cluster_name",
+            s.cluster_name,
+            "with gcs_fault_tolerance (the store is named <cluster_name>-gcs): 1-36 letters, digits or single "
+            "hyphens, from a letter, not ending in a hyphen",
+        )
 
 
 def check_memory_fit(s: Settings) -> None:

@@ -273,3 +273,41 @@ def deletion_delay_seconds(rayservice: Mapping[str, Any]) -> int:
     """cleanUpRayClusterInstance: an unreferenced RayCluster goes this long after it stopped being active
     (RayClusterDeletionDelayDuration, 60 s, unless spec.rayClusterDeletionDelaySeconds)."""
     return int(rayservice["spec"].get("rayClusterDeletionDelaySeconds", 60))
+
+
+def _env_names(container: Mapping[str, Any]) -> set[str]:
+    return {e["name"] for e in container.get("env") or []}
+
+
+def gcs_fault_tolerance_problems(cluster: Mapping[str, Any], annotations: Mapping[str, str]) -> list[str]:
+    """What KubeRay 1.7.0 refuses in a RayCluster spec about GCS fault tolerance (utils/validation.go,
+    ValidateRayClusterSpec): each refusal's message, in its order; [] where it would reconcile.
+
+    With gcsFaultToleranceOptions the password and address are the options' alone: no redis-password in
+    the head's rayStartParams, no REDIS_PASSWORD or RAY_REDIS_ADDRESS on the head container, no
+    external-storage-namespace annotation; never both the options and the old ray.io/ft-enabled
+    annotation; and RAY_REDIS_ADDRESS without the options is refused too. The Redis backend takes no
+    storage (validateGcsFaultToleranceBackend)."""
+    head = cluster["headGroupSpec"]
+    env = _env_names(head["template"]["spec"]["containers"][0])
+    options = cluster.get("gcsFaultToleranceOptions")
+    found = []
+    if annotations.get("ray.io/ft-enabled") and options is not None:
+        found.append("ray.io/ft-enabled annotation and GcsFaultToleranceOptions are both set")
+    enabled = options is not None or annotations.get("ray.io/ft-enabled") == "true"
+    if not enabled and "RAY_REDIS_ADDRESS" in env:
+        found.append("RAY_REDIS_ADDRESS is set which implicitly enables GCS fault tolerance")
+    if options is not None:
+        if (head.get("rayStartParams") or {}).get("redis-password"):
+            found.append("cannot set `redis-password` in rayStartParams")
+        if "REDIS_PASSWORD" in env:
+            found.append("cannot set `REDIS_PASSWORD` env var in head Pod")
+        if "RAY_REDIS_ADDRESS" in env:
+            found.append("cannot set `RAY_REDIS_ADDRESS` env var in head Pod")
+        if annotations.get("ray.io/external-storage-namespace"):
+            found.append("cannot set `ray.io/external-storage-namespace` annotation")
+        if options.get("backend", "redis") == "redis" and options.get("storage") is not None:
+            found.append("cannot set GcsFaultToleranceOptions.Storage when backend is 'redis'")
+    if (head.get("rayStartParams") or {}).get("redis-username") or "REDIS_USERNAME" in env:
+        found.append("cannot set redis username in rayStartParams or environment variables")
+    return found

@@ -96,8 +96,14 @@ def connects(template: Mapping[str, Any], source: Interface, dest: Interface, po
     leaves = any(g in default_egress for g in source.groups) or any(
         r.direction == "egress" and r.group in source.groups and _matches(r, dest, port) for r in rules
     )
-    arrives = any(r.direction == "ingress" and r.group in dest.groups and _matches(r, source, port) for r in rules)
-    return leaves and arrives
+    return leaves and arrives(template, source, dest, port)
+
+
+def arrives(template: Mapping[str, Any], source: Interface, dest: Interface, port: int) -> bool:
+    """Whether `dest`'s groups admit a TCP connection from `source` on `port` (the source's egress aside: an
+    EKS-made group, such as the cluster security group, has EKS's allow-all egress outside the template)."""
+    rules, _ = rules_of(template)
+    return any(r.direction == "ingress" and r.group in dest.groups and _matches(r, source, port) for r in rules)
 
 
 def ingress_rules_from(template: Mapping[str, Any], group: str) -> list[Rule]:
