@@ -47,6 +47,8 @@ CASES = (
     Case("aggregated", passes=True),
     # Prefill with a range: Serve scales it 1 -> 2 -> 1 -> 2 with the traffic (rehearsal/scaling.py).
     Case("scaling", passes=True),
+    # The Ray head's processes killed while streams run, under GCS fault tolerance (rehearsal/head_loss.py).
+    Case("head-loss", passes=True),
     # A product config with backends [UCX]: across two nodes decode's pre-warm fails the NIXL
     # handshake and the app fails; where UCX does connect, verify flags the UCX backend.
     Case(

@@ -21,4 +21,6 @@ CASE_SETTINGS: dict[str, dict[str, str]] = {
     "pd": {**SERVING_SETTINGS},
     "aggregated": {"serving_mode": "aggregated", **SERVING_SETTINGS},
     "scaling": SCALING_SETTINGS,
+    # The product's defaults (GCS fault tolerance on), sized as the serving cases are; no keys.
+    "head-loss": {"typical_request_tokens": "1024"},
 }

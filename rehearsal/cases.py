@@ -24,6 +24,7 @@ from rehearsal import (
     disconnects,
     engine_deaths,
     faults,
+    head_loss,
     keys,
     metric_names,
     node_loss,
@@ -36,7 +37,7 @@ from rehearsal.deploy import apply_failure_deltas, apply_scaling_deltas
 from rehearsal.faults import Fault
 from rehearsal.network import RehearsalError
 
-CASE_NAMES = ("pd", "aggregated", "scaling", "ucx", "wrong-side-channel", "no-plugin")
+CASE_NAMES = ("pd", "aggregated", "scaling", "head-loss", "ucx", "wrong-side-channel", "no-plugin")
 # Each breaks one thing the product relies on, and must fail: the app DEPLOY_FAILED, the endpoint refusing.
 FAILURE_CASES = ("ucx", "wrong-side-channel", "no-plugin")
 
@@ -112,6 +113,7 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
     "aggregated": (keys.key_checks, readiness.readiness_check, checks.verify_checks, checks.bench, keys.key_log_scan),
     # The bound change first: the scaling then runs on the target it set in place.
     "scaling": (scaling.bound_change_check, scaling.scaling_check),
+    "head-loss": (head_loss.head_loss_check,),
 }
 
 

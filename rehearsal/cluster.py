@@ -58,13 +58,20 @@ def _ray() -> str:
 
 
 def start_worker(
-    env: dict[str, str], temp_dir: Path, node: Nodes, *, ip: str, iface: str, resources: dict[str, int]
+    env: dict[str, str],
+    temp_dir: Path,
+    node: Nodes,
+    *,
+    ip: str,
+    iface: str,
+    resources: dict[str, int],
+    num_cpus: int = NODE_B_CPUS,
 ) -> None:
     """A Ray worker node in the held namespace, joined to the head, as KubeRay starts a worker pod of a group
-    that advertises `resources`: NODE_B_CPUS, exactly one engine replica's bundle."""
+    that advertises `resources`: by default NODE_B_CPUS, exactly one engine replica's bundle."""
     command = [
         *node.node_b, _ray(), "start", f"--address={HEAD_IP}:6379", f"--node-ip-address={ip}",
-        f"--resources={json.dumps(resources)}", f"--num-cpus={NODE_B_CPUS}", *_COMMON,
+        f"--resources={json.dumps(resources)}", f"--num-cpus={num_cpus}", *_COMMON,
     ]  # fmt: skip
     subprocess.run(command, env={**env, "FI_TCP_IFACE": iface}, check=True, timeout=180, cwd=temp_dir.parent)
 

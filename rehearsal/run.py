@@ -28,6 +28,7 @@ changes and the phases it runs on its one deployed app), context.py (what a phas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -36,10 +37,11 @@ import sys
 import tempfile
 import time
 import urllib.error
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rehearsal import keys, native
+from rehearsal import head_loss, keys, native
 from rehearsal.case_settings import CASE_SETTINGS
 from rehearsal.cases import CASE_NAMES, apply_case, deploy_fault, is_failure_case, phases
 from rehearsal.checks import auth_checks
@@ -111,8 +113,17 @@ def _run(case: str, nodes: Nodes, work: Path, logs_out: Path | None, results: Pa
     ctx = Context(
         case, config, env, headers, temp_dir, work, model_dir, results, endpoint_keys=endpoint_keys, nodes=nodes
     )
-    with ray_cluster(env, temp_dir, nodes, product_head_env(rayservice)) as restart_node_b:
-        ctx.restart_node_b = restart_node_b
+    head_env = product_head_env(rayservice)
+    ray: contextlib.AbstractContextManager[Callable[[], Any]] = (
+        head_loss.cluster(env, temp_dir, nodes, head_env, rayservice)
+        if case == head_loss.CASE
+        else ray_cluster(env, temp_dir, nodes, head_env)
+    )
+    with ray as restart:
+        if case == head_loss.CASE:
+            ctx.restart_head = restart
+        else:
+            ctx.restart_node_b = restart
         try:
             refusals = auth_checks(config, env)
             deploying = time.monotonic()

@@ -1,0 +1,256 @@
+"""The head-loss case: the Ray head's processes killed while streams run through the ingress, under GCS fault tolerance.
+
+The cluster is laid out as the product lays out its pods: the head alone in this namespace (`num-cpus: 0`, as
+rayservice.yaml has it), the ingress and prefill on node C (the ingress group's and prefill's resources), decode
+on node B. GCS fault tolerance is set up as KubeRay 1.7 sets it up from the RayService's
+`gcsFaultToleranceOptions` (common/pod.go, configureRedisFT): the head gets RAY_REDIS_ADDRESS (the stack's
+`rediss://` address, pointed at this run's store), RAY_external_storage_namespace and `--redis-password=$REDIS_PASSWORD`
+under bash; every worker gets RAY_gcs_rpc_server_reconnect_timeout_s=600. The store is Debian's redis-server with
+TLS and a password, in the ElastiCache store's place; the head trusts its CA through OpenSSL's default store, as
+the image trusts ElastiCache's.
+
+The phase kills every process of the head's node (GCS, raylet, dashboard, Serve's controller), as a lost head pod
+does, waits as KubeRay's restart of the container would, and starts the head again. The contrast without the store
+is tests/test_gcs_ft.py: there the workers' raylets exit and their actors are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from rehearsal import streams
+from rehearsal.cluster import _COMMON, _parents, _ray, kill_namespace_processes, start_worker
+from rehearsal.context import Context
+from rehearsal.gcs_store import tls_redis
+from rehearsal.margins import HEAD_BACK
+from rehearsal.network import (
+    HEAD_IFACE,
+    HEAD_IP,
+    NODE_C_IFACE,
+    NODE_C_IP,
+    WORKER_IFACE,
+    WORKER_IP,
+    Nodes,
+    http,
+    third_node,
+)
+from serve_config import SERVE_PORT
+from tools.checks import Check
+
+CASE = "head-loss"
+# The clients' endpoint: the ingress node's Serve proxy, as the product's client Services select the ingress pods.
+INGRESS_SERVE = f"http://{NODE_C_IP}:{SERVE_PORT}"
+NODE_C_RESOURCES = {"prefill": 1, "ingress": 1}
+# Prefill's engine bundle (4 CPUs and 1 for its replica) and the ingress replica's CPU.
+NODE_C_CPUS = 6
+# What KubeRay sets on every worker under GCS fault tolerance (common/pod.go).
+WORKER_RECONNECT_S = 600
+STREAMS = 2
+MAX_TOKENS = 96
+WARM_S = 6.0
+# The controller recovers the replicas it finds within a second of its start (its log, "Finished recovering").
+RECOVERY_SETTLE_S = 5.0
+# The head pod's container restarting: the kubelet's first restart of a crashed container is at once, a lost
+# node's pod is rescheduled in seconds to minutes; 10 s of a head away is enough to see who waits for it.
+HEAD_AWAY_S = 10.0
+
+
+def kuberay_head_env(rayservice: dict[str, Any], password: str, ca: Path) -> dict[str, str]:
+    """The head container's environment that KubeRay adds from gcsFaultToleranceOptions, at this run's store."""
+    options = rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    address = urlparse(options["redisAddress"])
+    return {
+        # The stack's scheme and port, at this run's store on the head's address.
+        "RAY_REDIS_ADDRESS": f"{address.scheme}://{HEAD_IP}:{address.port}",
+        # From the Secret the options name (redisPassword.valueFrom.secretKeyRef).
+        "REDIS_PASSWORD": password,
+        # KubeRay's default: the RayCluster's UID.
+        "RAY_external_storage_namespace": "3f2b8c1e-rehearsal-raycluster-uid",
+        "SSL_CERT_FILE": str(ca),
+    }
+
+
+def _start_head(env: dict[str, str], temp_dir: Path) -> None:
+    # KubeRay's `ray start` under bash, with `--redis-password=$REDIS_PASSWORD` added (configureRedisFT).
+    command = " ".join(
+        [_ray(), "start", "--head", f"--node-ip-address={HEAD_IP}", "--port=6379", f"--dashboard-host={HEAD_IP}",
+         f"--temp-dir={temp_dir}", "--num-cpus=0", "--num-gpus=0", *_COMMON, "--redis-password=$REDIS_PASSWORD"]
+    )  # fmt: skip
+    subprocess.run(["bash", "-c", command], env=env, check=True, timeout=180, cwd=temp_dir.parent, capture_output=True)
+
+
+@contextlib.contextmanager
+def cluster(
+    env: dict[str, str], temp_dir: Path, nodes: Nodes, head_env: dict[str, str], rayservice: dict[str, Any]
+) -> Iterator[Callable[[], Path]]:
+    """The head alone here with its store, node B (decode), node C (ingress, prefill). Yields what starts the
+    head again, on a fresh temp dir as a new container has, and returns that dir."""
+    password = secrets.token_hex(24)
+    port = urlparse(rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"]).port
+    store = tls_redis(temp_dir.parent / "gcs-store", host=HEAD_IP, port=port or 0, password=password)
+    with store as ca, third_node(nodes) as node_c:
+        head = {**env, **head_env, **kuberay_head_env(rayservice, password, ca), "FI_TCP_IFACE": HEAD_IFACE}
+        workers = {**env, "RAY_gcs_rpc_server_reconnect_timeout_s": str(WORKER_RECONNECT_S)}
+        incarnations = [temp_dir]
+        _start_head(head, temp_dir)
+        start_worker(workers, temp_dir, nodes, ip=WORKER_IP, iface=WORKER_IFACE, resources={"decode": 1})
+        start_worker(
+            workers,
+            temp_dir,
+            node_c,
+            ip=NODE_C_IP,
+            iface=NODE_C_IFACE,
+            resources=NODE_C_RESOURCES,
+            num_cpus=NODE_C_CPUS,
+        )
+
+        def restart_head() -> Path:
+            incarnations.append(temp_dir.parent / f"ray-head-{len(incarnations) + 1}")
+            _start_head(head, incarnations[-1])
+            return incarnations[-1]
+
+        try:
+            yield restart_head
+        finally:
+            # As ray_cluster ends: every Ray process here and on node B, then node C's.
+            kill_namespace_processes(f"/proc/{nodes.holder.pid}/ns/net", nodes.holder.pid)
+            for pid in _in_namespace(os.readlink(f"/proc/{node_c.holder.pid}/ns/net"), node_c.holder.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _in_namespace(namespace: str, spared: int) -> list[int]:
+    found = []
+    for pid in _parents():
+        with contextlib.suppress(OSError):
+            if pid != spared and os.readlink(f"/proc/{pid}/ns/net") == namespace:
+                found.append(pid)
+    return found
+
+
+def kill_head() -> int:
+    """Kill every process of this namespace that is not ours (this run, its store): the head's Ray, whose daemons
+    were reparented away from us, as the loss of its pod would."""
+    parents = _parents()
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid in (os.getpid(), os.getppid()):
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    killed = 0
+    for pid in _in_namespace(os.readlink("/proc/self/ns/net"), os.getpid()):
+        if not ours(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def replica_ids(ctx: Context) -> dict[str, list[str]] | None:
+    """Each deployment's replicas as Serve's controller lists them (ReplicaDetails.replica_id); None while no
+    controller answers."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        live = http(f"{ctx.dashboard}/api/serve/applications/", headers=ctx.headers)
+        found = {
+            name: sorted(r["replica_id"] for r in deployment.get("replicas", []))
+            for app in live["applications"].values()
+            for name, deployment in (app.get("deployments") or {}).items()
+        }
+        return found or None
+    return None
+
+
+def _recovered(ctx: Context, since: float) -> tuple[float | None, dict[str, list[str]]]:
+    """Seconds from `since` until the new head's controller lists every deployment again, and what it lists a few
+    seconds later, once it has decided which replicas it keeps (it recovers them within a second)."""
+    while time.monotonic() - since < HEAD_BACK.limit_s:
+        if replica_ids(ctx) is not None:
+            back = time.monotonic() - since
+            time.sleep(RECOVERY_SETTLE_S)
+            return back, replica_ids(ctx) or {}
+        time.sleep(1.0)
+    return None, {}
+
+
+def _controller_lines(head_dir: Path) -> list[str]:
+    """What the new head's Serve controller said about the replicas it found."""
+    found = []
+    for log in sorted((head_dir / "session_latest" / "logs" / "serve").glob("controller_*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if any(word in line for word in ("Recovering Replica", "Exception in Replica", "Starting Replica")):
+                found.append("controller: " + line[:240])
+    return found[:20]
+
+
+def head_loss_check(ctx: Context) -> list[Any]:
+    """Streams through the ingress while the head's processes die; the head comes back and Serve's controller
+    recovers the app. The traffic stops before the head's restart: what comes after it is the controller's."""
+    if ctx.restart_head is None:
+        raise RuntimeError("the head-loss phase needs the head-loss case's cluster")
+    ctx.serve = INGRESS_SERVE
+    before = replica_ids(ctx) or {}
+    with streams.Traffic(ctx, STREAMS, MAX_TOKENS) as traffic:
+        time.sleep(WARM_S)
+        killed_at = time.monotonic()
+        killed = kill_head()
+        time.sleep(HEAD_AWAY_S)
+    away_until = time.monotonic()
+    new_head = ctx.restart_head()
+    back, after = _recovered(ctx, killed_at)
+    around = [o for o in traffic.outcomes if o.ended >= killed_at]
+    while_away = [o for o in around if o.started >= killed_at]
+    kept = sorted(name for name, ids in after.items() if ids and ids == before.get(name))
+    replaced = sorted(name for name in after if name not in kept)
+    ctx.metrics.update(
+        {
+            "head_loss_processes_killed": float(killed),
+            "head_loss_controller_back_s": None if back is None else round(back, 1),
+            "head_loss_answered_while_away": float(sum(o.kind == "ok" for o in while_away)),
+            "head_loss_failed": float(sum(o.kind == "error" for o in around)),
+            "head_loss_cut": float(sum(o.kind == "cut" for o in around)),
+        }
+    )
+    ctx.log_lines += _controller_lines(new_head)
+    ctx.log_lines.append(
+        f"head killed ({killed} processes), away {away_until - killed_at:.0f} s: from the kill on "
+        f"{streams.summary(around)}, {len(while_away)} of them sent while it was away; controller back after {back} s; "
+        f"replicas before {before}, after {after}"
+    )
+    engines = [name for name in after if name.startswith(("Prefill:", "Decode:", "LLMServer:"))]
+    return [
+        Check(
+            "head lost under GCS fault tolerance: every stream through the ingress completes",
+            bool(around) and all(o.kind == "ok" for o in around),
+            f"from the kill on: {streams.summary(around)}",
+        ),
+        Check(
+            "head lost: new requests are answered while it is away",
+            bool(while_away) and all(o.kind == "ok" for o in while_away),
+            f"sent in the {HEAD_AWAY_S:.0f} s without a head: {streams.summary(while_away)}",
+        ),
+        Check(
+            "head lost: the new head's controller lists the app again",
+            back is not None,
+            HEAD_BACK.used(back) if back is not None else f"not within {HEAD_BACK.limit_s:.0f} s",
+        ),
+        # Ray 2.58: the controller's recovery asks each replica for its log file (is_allocated); vLLM's logging
+        # set-up has closed Serve's log handler in every engine replica, the call raises, and the controller
+        # replaces them (docs/operations.md, "A lost Ray head"). Pinned: a Ray that keeps them fails this.
+        Check(
+            "head lost: Serve keeps the ingress replica; Ray 2.58 replaces the engine replicas",
+            bool(engines) and set(replaced) == set(engines) and any(name not in engines for name in kept),
+            f"kept {kept}; replaced {replaced}",
+        ),
+    ]
