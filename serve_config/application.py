@@ -11,7 +11,12 @@ from typing import Any
 import yaml
 
 from serve_config import DECODE, PREFILL, SIDES, data_file, deployments
-from serve_config.endpoint_keys import NIXL_INCARNATION_CALLBACK, ingress_cls_config
+from serve_config.endpoint_keys import (
+    ENGINE_LOGGING_HOOK,
+    NIXL_INCARNATION_CALLBACK,
+    SETUP_HOOK_ENV,
+    ingress_cls_config,
+)
 from settings import Settings, sizing
 
 
@@ -56,6 +61,10 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
         engine["max_num_batched_tokens"] = step
     tp = settings.tensor_parallel_size(side)
     engine["tensor_parallel_size"] = tp
+    # vLLM's and NIXL's logging set up before Serve's in the replica, or a restarted controller replaces the engine
+    # (ray_pods/engine_logging.py). Ray runs a runtime_env's `worker_process_setup_hook` only for the job's
+    # (ray.init turns it into this variable); an actor's runtime_env carries the variable itself.
+    config["runtime_env"] = {"env_vars": {SETUP_HOOK_ENV: ENGINE_LOGGING_HOOK}}
     # One bundle per GPU of the tensor-parallel group. The side's resource rides on the
     # first only: each worker pod advertises one unit, and STRICT_PACK keeps the group's
     # other bundles on that same Ray node, the pod that holds the group's GPUs.
@@ -67,7 +76,7 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
         # mismatch splits KV heads and needs the HND layout on both sides. The connector asks for
         # HND on CUDA itself (nixl/connector.py, get_required_kvcache_layout); pinning it here
         # keeps an image-level VLLM_KV_CACHE_LAYOUT=NHD from breaking the handshake.
-        config["runtime_env"] = {"env_vars": {KV_LAYOUT_ENV: "HND"}}
+        config["runtime_env"]["env_vars"][KV_LAYOUT_ENV] = "HND"
     config["model_loading_config"] = {
         "model_id": settings.model_id,
         "model_source": settings.model_source or settings.model_id,

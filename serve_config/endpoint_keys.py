@@ -27,8 +27,8 @@ API_KEYS_MOUNT = "/etc/pd-inference/api-keys"
 # The Python the Ray pods import (the ray_pods package): a ConfigMap mounted as
 # the package's directory under RAY_PODS_PYTHONPATH, which every Ray container puts
 # on PYTHONPATH. Ray imports the ingress class by this path, in the task that
-# builds the app (any node) and in the ingress replica; the NIXL callback in each
-# prefill and decode replica.
+# builds the app (any node) and in the ingress replica; the NIXL callback and the
+# logging hook in each prefill and decode replica.
 RAY_PODS_PACKAGE = "ray_pods"
 RAY_PODS_CONFIGMAP = "ray-pods-code"
 RAY_PODS_PYTHONPATH = "/opt/pd-inference/python"
@@ -36,6 +36,11 @@ API_KEY_INGRESS = f"{RAY_PODS_PACKAGE}.api_keys:ApiKeyIngress"
 # Ray Serve LLM's callback hook on each prefill and decode replica: a NIXL engine id of
 # its own for every start of an engine (ray_pods/nixl_incarnation.py, vllm#49238).
 NIXL_INCARNATION_CALLBACK = f"{RAY_PODS_PACKAGE}.nixl_incarnation:NixlIncarnation"
+# The worker-process set-up hook of every engine replica, a dotted path: vLLM's and NIXL's logging before Serve's, so a
+# restarted controller keeps the engines (ray_pods/engine_logging.py). Ray 2.58's worker runs the function this
+# variable names as it starts (ray/_private/workers/default_worker.py, ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR).
+SETUP_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+ENGINE_LOGGING_HOOK = f"{RAY_PODS_PACKAGE}.engine_logging.import_logging_first"
 # On the Ray pod templates: a digest of the shipped code, so a code change changes
 # the Ray cluster's spec (and the recreate Job starts pods that import the new code).
 RAY_PODS_CODE_ANNOTATION = "pd-inference.aws/ray-pods-code"
