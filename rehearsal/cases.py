@@ -113,7 +113,8 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
     "aggregated": (keys.key_checks, readiness.readiness_check, checks.verify_checks, checks.bench, keys.key_log_scan),
     # The bound change first: the scaling then runs on the target it set in place.
     "scaling": (scaling.bound_change_check, scaling.scaling_check),
-    "head-loss": (head_loss.head_loss_check,),
+    # The contrast without the store ends the cluster: last.
+    "head-loss": (head_loss.head_loss_check, head_loss.without_store_check),
 }
 
 

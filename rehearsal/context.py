@@ -59,7 +59,7 @@ class Context:
     endpoint_keys: EndpointKeys | None = None  # set when the product's serve config has the key ingress
     nodes: Nodes | None = None  # the two namespaces, for the phases that break a node or an engine
     restart_node_b: Callable[[], None] | None = None  # starts node B's Ray again, as KubeRay recreates a pod
-    restart_head: Callable[[], Path] | None = None  # head-loss: starts the head again (its new temp dir)
+    restart_head: Callable[..., Path] | None = None  # head-loss: starts the head again (store=False: without GCS FT)
     log_lines: list[str] = field(default_factory=list)
     metrics: dict[str, float | None] = field(default_factory=dict)
 

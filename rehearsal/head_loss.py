@@ -10,14 +10,17 @@ TLS and a password, in the ElastiCache store's place; the head trusts its CA thr
 the image trusts ElastiCache's.
 
 The phase kills every process of the head's node (GCS, raylet, dashboard, Serve's controller), as a lost head pod
-does, waits as KubeRay's restart of the container would, and starts the head again. The contrast without the store
-is tests/test_gcs_ft.py: there the workers' raylets exit and their actors are gone.
+does, waits as KubeRay's restart of the container would, and starts the head again: the new head's controller must
+keep every replica. Then the contrast: the same kill, the head started again without the store, as KubeRay starts it
+with gcs_fault_tolerance off; the endpoint must stop answering. tests/test_gcs_ft.py shows the same on Ray alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -47,6 +50,8 @@ from serve_config import SERVE_PORT
 from tools.checks import Check
 
 CASE = "head-loss"
+# A Serve log line's start ("ERROR 2026-12-03 ..."); a traceback's lines come between two of them.
+LOG_LINE = re.compile(r"^[A-Z]+ \d{4}-")
 # The clients' endpoint: the ingress node's Serve proxy, as the product's client Services select the ingress pods.
 INGRESS_SERVE = f"http://{NODE_C_IP}:{SERVE_PORT}"
 NODE_C_RESOURCES = {"prefill": 1, "ingress": 1}
@@ -62,6 +67,10 @@ RECOVERY_SETTLE_S = 5.0
 # The head pod's container restarting: the kubelet's first restart of a crashed container is at once, a lost
 # node's pod is rescheduled in seconds to minutes; 10 s of a head away is enough to see who waits for it.
 HEAD_AWAY_S = 10.0
+# Without the store: how long the phase watches the endpoint after the head is back, and from when on a request
+# counts as sent after the workers met the new GCS (they find it in seconds; Ray's node start is the slow part).
+WITHOUT_STORE_WATCH_S = 25.0
+WITHOUT_STORE_SETTLE_S = 10.0
 
 
 def kuberay_head_env(rayservice: dict[str, Any], password: str, ca: Path) -> dict[str, str]:
@@ -80,10 +89,12 @@ def kuberay_head_env(rayservice: dict[str, Any], password: str, ca: Path) -> dic
 
 
 def _start_head(env: dict[str, str], temp_dir: Path) -> None:
-    # KubeRay's `ray start` under bash, with `--redis-password=$REDIS_PASSWORD` added (configureRedisFT).
+    # KubeRay's `ray start` under bash, with `--redis-password=$REDIS_PASSWORD` added (configureRedisFT) when the
+    # options are there.
+    password = ["--redis-password=$REDIS_PASSWORD"] if "RAY_REDIS_ADDRESS" in env else []
     command = " ".join(
         [_ray(), "start", "--head", f"--node-ip-address={HEAD_IP}", "--port=6379", f"--dashboard-host={HEAD_IP}",
-         f"--temp-dir={temp_dir}", "--num-cpus=0", "--num-gpus=0", *_COMMON, "--redis-password=$REDIS_PASSWORD"]
+         f"--temp-dir={temp_dir}", "--num-cpus=0", "--num-gpus=0", *_COMMON, *password]
     )  # fmt: skip
     subprocess.run(["bash", "-c", command], env=env, check=True, timeout=180, cwd=temp_dir.parent, capture_output=True)
 
@@ -113,9 +124,11 @@ def cluster(
             num_cpus=NODE_C_CPUS,
         )
 
-        def restart_head() -> Path:
+        def restart_head(*, store: bool = True) -> Path:
+            """The head again; without the store, as KubeRay starts it with gcs_fault_tolerance off."""
             incarnations.append(temp_dir.parent / f"ray-head-{len(incarnations) + 1}")
-            _start_head(head, incarnations[-1])
+            ft_only = kuberay_head_env(rayservice, password, ca)
+            _start_head(head if store else {k: v for k, v in head.items() if k not in ft_only}, incarnations[-1])
             return incarnations[-1]
 
         try:
@@ -185,13 +198,17 @@ def _recovered(ctx: Context, since: float) -> tuple[float | None, dict[str, list
 
 
 def _controller_lines(head_dir: Path) -> list[str]:
-    """What the new head's Serve controller said about the replicas it found."""
+    """What the new head's Serve controller said about the replicas it found, with the last line of each traceback."""
     found = []
     for log in sorted((head_dir / "session_latest" / "logs" / "serve").glob("controller_*.log")):
-        for line in log.read_text(errors="replace").splitlines():
+        lines = log.read_text(errors="replace").splitlines()
+        for index, line in enumerate(lines):
             if any(word in line for word in ("Recovering Replica", "Exception in Replica", "Starting Replica")):
                 found.append("controller: " + line[:240])
-    return found[:20]
+            if "Exception in Replica" in line:
+                trace = list(itertools.takewhile(lambda rest: not LOG_LINE.match(rest), lines[index + 1 : index + 200]))
+                found += ["controller:   " + rest[:240] for rest in trace[-3:]]
+    return found[:30]
 
 
 def head_loss_check(ctx: Context) -> list[Any]:
@@ -245,12 +262,52 @@ def head_loss_check(ctx: Context) -> list[Any]:
             back is not None,
             HEAD_BACK.used(back) if back is not None else f"not within {HEAD_BACK.limit_s:.0f} s",
         ),
-        # Ray 2.58: the controller's recovery asks each replica for its log file (is_allocated); vLLM's logging
-        # set-up has closed Serve's log handler in every engine replica, the call raises, and the controller
-        # replaces them (docs/operations.md, "A lost Ray head"). Pinned: a Ray that keeps them fails this.
+        # The controller's recovery asks each replica for its log file (is_allocated). Without the product's
+        # logging hook (ray_pods/engine_logging.py) vLLM has closed Serve's handler in every engine replica, the
+        # call raises, and Ray 2.58's controller replaces them all.
         Check(
-            "head lost: Serve keeps the ingress replica; Ray 2.58 replaces the engine replicas",
-            bool(engines) and set(replaced) == set(engines) and any(name not in engines for name in kept),
+            "head lost: Serve's new controller keeps every replica, the engines included",
+            bool(engines) and not replaced and set(kept) == set(before),
             f"kept {kept}; replaced {replaced}",
+        ),
+    ]
+
+
+def without_store_check(ctx: Context) -> list[Any]:
+    """The contrast: the same kill, the head started again without its store, as with gcs_fault_tolerance off.
+    It ends the cluster, so it runs last."""
+    if ctx.restart_head is None:
+        raise RuntimeError("the without-store phase needs the head-loss case's cluster")
+    ctx.serve = INGRESS_SERVE
+    with streams.Traffic(ctx, STREAMS, MAX_TOKENS) as traffic:
+        time.sleep(WARM_S)
+        killed_at = time.monotonic()
+        killed = kill_head()
+        time.sleep(HEAD_AWAY_S)
+        ctx.restart_head(store=False)
+        back_at = time.monotonic()
+        time.sleep(WITHOUT_STORE_WATCH_S)
+    around = [o for o in traffic.outcomes if o.ended >= killed_at]
+    late = [o for o in around if o.started >= back_at + WITHOUT_STORE_SETTLE_S]
+    apps = replica_ids(ctx)
+    ctx.metrics.update(
+        {
+            "no_store_answered_after_kill": float(sum(o.kind == "ok" for o in around)),
+            "no_store_failed": float(sum(o.kind == "error" for o in around)),
+            "no_store_cut": float(sum(o.kind == "cut" for o in around)),
+            "no_store_answered_late": float(sum(o.kind == "ok" for o in late)),
+        }
+    )
+    ctx.log_lines.append(
+        f"head killed again ({killed} processes), back without its store: from the kill on {streams.summary(around)}; "
+        f"sent {WITHOUT_STORE_SETTLE_S:.0f} s or more after it was back: {streams.summary(late)}; Serve apps: {apps}"
+    )
+    return [
+        Check("head lost without GCS fault tolerance: the new head knows no Serve app", apps is None, f"lists {apps}"),
+        Check(
+            "head lost without GCS fault tolerance: the endpoint stops answering",
+            bool(late) and not any(o.kind == "ok" for o in late),
+            f"sent {WITHOUT_STORE_SETTLE_S:.0f}-{WITHOUT_STORE_WATCH_S:.0f} s after the head was back: "
+            f"{streams.summary(late)}",
         ),
     ]

@@ -210,7 +210,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         f"one of {_listed(RAY_CLUSTER_UPGRADES)}",
     ),
     "gcs_fault_tolerance": SettingDoc(
-        'Ray GCS fault tolerance (KubeRay `gcsFaultToleranceOptions`): the head\'s GCS keeps its tables in an ElastiCache for Valkey store in the stack (two nodes in two AZs, TLS, encrypted at rest, an AUTH token generated into Secrets Manager and synced by External Secrets), so a lost head comes back without the cluster being rebuilt: the endpoint keeps answering, and on Ray 2.58 the engines restart once. Off: a lost head takes every replica with it, the endpoint down for a cluster start (see "A lost Ray head")',
+        'Ray GCS fault tolerance (KubeRay `gcsFaultToleranceOptions`): the head\'s GCS keeps its tables in an ElastiCache for Valkey store in the stack (two nodes in two AZs, TLS, encrypted at rest, an AUTH token generated into Secrets Manager and synced by External Secrets), so a lost head comes back without the cluster being rebuilt: the endpoint keeps answering and the engines are kept. Off: a lost head takes every replica with it, the endpoint down for a cluster start (see "A lost Ray head")',
         _BOOL
         + "; on, `cluster_name` is 1-36 letters, digits or single hyphens, from a letter (the store is `<cluster_name>-gcs`)",
     ),

@@ -116,8 +116,7 @@ class Settings:
     ray_cluster_upgrade: str = "auto"
     # GCS fault tolerance (docs/operations.md, "A lost Ray head"): the head's GCS keeps its tables in an
     # ElastiCache for Valkey store (two nodes, Multi-AZ, TLS, an AUTH token from Secrets Manager), so a head
-    # that restarts finds them and the workers stay (Ray 2.58 still restarts the engines once). False: a lost head
-    # takes every replica.
+    # that restarts finds them and the workers and replicas stay. False: a lost head takes every replica.
     gcs_fault_tolerance: bool = True
     gcs_store_node_type: str = catalog.DEFAULT_GCS_STORE_NODE_TYPE
     # GPUs per engine replica on each side (vLLM tensor_parallel_size); the sides may

@@ -272,7 +272,7 @@ def interruption(c: Classification, s: Settings) -> str:
         if "system" in c.replaced_groups:
             low, high = engine_restart_seconds(s, new_weights=False, image_pull=True)
             head = (
-                "the Ray head restarts under GCS fault tolerance"
+                "the Ray head restarts under GCS fault tolerance, every replica kept and the endpoint answering"
                 if c.gcs_fault_tolerance
                 else f"without GCS fault tolerance the whole Ray cluster restarts, {_minutes(low, high)}"
             )
