@@ -189,3 +189,19 @@ def test_the_diff_workflow_installs_serve_before_the_guard() -> None:
     runs = [step.get("run", "") for step in steps]
     serve_at = next(i for i, run in enumerate(runs) if "make setup-serve" in run)
     assert serve_at < next(i for i, run in enumerate(runs) if "tools.pr_guard" in run)
+
+
+def test_the_readme_gives_the_interruptions_change_impact_computes() -> None:
+    """The README's table of what each change interrupts quotes change-impact's figures on the defaults."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    s = Settings()
+    for kind, (new_weights, image_pull, gpu_nodes_only) in {
+        "an engine setting": (False, False, False),
+        "a new Ray cluster": (False, True, False),
+        "GPU nodes replaced": (True, True, True),
+    }.items():
+        seconds = change_impact.engine_restart_seconds(
+            s, new_weights=new_weights, image_pull=image_pull, gpu_nodes_only=gpu_nodes_only
+        )
+        assert change_impact._minutes(*seconds) in readme, kind
+    assert f"{sizing.cluster_deletion_delay_seconds(s):.0f} s after the switch" in readme
