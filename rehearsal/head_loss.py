@@ -68,7 +68,7 @@ RECOVERY_SETTLE_S = 5.0
 # node's pod is rescheduled in seconds to minutes; 10 s of a head away is enough to see who waits for it.
 HEAD_AWAY_S = 10.0
 # Without the store: how long the phase watches the endpoint after the head is back, and from when on a request
-# counts as sent after the workers met the new GCS (they find it in seconds; Ray's node start is the slow part).
+# counts as sent after the workers met the new GCS (their raylets exit within seconds of meeting it).
 WITHOUT_STORE_WATCH_S = 25.0
 WITHOUT_STORE_SETTLE_S = 10.0
 
@@ -263,8 +263,8 @@ def head_loss_check(ctx: Context) -> list[Any]:
             HEAD_BACK.used(back) if back is not None else f"not within {HEAD_BACK.limit_s:.0f} s",
         ),
         # The controller's recovery asks each replica for its log file (is_allocated). Without the product's
-        # logging hook (ray_pods/engine_logging.py) vLLM has closed Serve's handler in every engine replica, the
-        # call raises, and Ray 2.58's controller replaces them all.
+        # logging hook (ray_pods/engine_logging.py) vLLM and NIXL have closed Serve's handler in every engine replica,
+        # the call raises, and Ray 2.58's controller replaces them all.
         Check(
             "head lost: Serve's new controller keeps every replica, the engines included",
             bool(engines) and not replaced and set(kept) == set(before),
