@@ -21,8 +21,8 @@ from rehearsal.margins import CASE_CAPS, Limit
 from settings.project import ROOT
 
 # bench compare on the two cases' results: it reads files and draws one figure (seconds, not minutes).
-# It took 1 s in every CI run seen (2026-12-02 to 12-03); 30 s bounds a hang with room for a slow machine.
-COMPARE_CAP_S = 30
+# It took 1 s in every CI run seen (2026-12-02 to 12-04); 25 s bounds a hang with room for a slow machine.
+COMPARE_CAP_S = 25
 
 
 @dataclass(frozen=True)
