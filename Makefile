@@ -13,7 +13,7 @@ CDK := $(abspath node_modules/.bin/cdk)
 SETTINGS ?=
 SETTINGS_ARGS = $(if $(SETTINGS),-c settings_file=$(SETTINGS)) $(CDK_ARGS)
 
-.PHONY: setup setup-serve synth deploy diff destroy bench-notice test test-fast rehearse lint fetch-schemas schemas review settings-reference handoff preflight plan change-impact verify bench benchmark clean
+.PHONY: setup setup-serve synth deploy upgrade diff destroy bench-notice test test-fast rehearse lint fetch-schemas schemas review settings-reference handoff preflight plan change-impact verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ diff: setup
 deploy: setup
 	$(BIN)/python -m tools.preflight $(SETTINGS_ARGS) $(PREFLIGHT_ARGS)
 	$(CDK) deploy $(SETTINGS_ARGS)
+
+## A change that restarts replicas (an engine setting, a new model), deployed with a surge replica on each side
+## that has a range, then without it (tools/upgrade.py): those sides keep serving through the restart.
+upgrade: setup
+	$(BIN)/python -m tools.preflight $(SETTINGS_ARGS) $(PREFLIGHT_ARGS)
+	$(BIN)/python -m tools.upgrade --cdk $(CDK) $(SETTINGS_ARGS)
 
 ## Remove the stack (the same settings select the same stack).
 destroy: setup

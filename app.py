@@ -69,6 +69,17 @@ def warnings(settings: Settings) -> list[str]:
             f"({low} more): a Ray cluster change recreates it, with the endpoint down for a cluster start; "
             f'a maximum of {2 * low} or more makes it blue/green (docs/operations.md, "Upgrades")'
         )
+    sides = ("aggregated",) if settings.serving_mode == "aggregated" else ("prefill", "decode")
+    fixed = [side for side in sides if not sizing.surge_room(settings, side)]
+    if fixed:
+        down = sizing.engine_restart_seconds(settings, new_weights=False, image_pull=False)
+        keys = " or ".join(f"{side}_max_replicas" for side in fixed if side != "aggregated") or "a maximum"
+        found.append(
+            f"warning: no room for a surge replica on {' and '.join(fixed)} (no range): a change that restarts "
+            f"replicas (an engine setting such as max_model_len) takes each down for one engine start, about "
+            f"{down[0] / 60:.1f}-{down[1] / 60:.1f} min; {keys} above the minimum lets `make upgrade` keep it serving "
+            '(docs/operations.md, "Upgrades")'
+        )
     return found
 
 

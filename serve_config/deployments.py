@@ -53,14 +53,14 @@ def engines(settings: Settings) -> tuple[str, ...]:
 
 def _bounds(settings: Settings, side: str) -> tuple[int, int, float | None]:
     """(minimum, maximum, target) of a side, or of aggregated mode's one deployment: the sides summed,
-    scaling toward decode's target (prefill's when only prefill has a range)."""
+    scaling toward decode's target (prefill's when only prefill has a range). Under replica_surge the
+    minimum is one more where there is room (settings/sizing/upgrade.py, surge_minimum)."""
+    _, high = sizing.engine_bounds(settings, side)
     if side != "aggregated":
         target = settings.side_target_ongoing_requests(side)
-        return settings.side_replicas(side), settings.side_max_replicas(side), target
-    low = settings.prefill_replicas + settings.decode_replicas
-    high = settings.side_max_replicas(PREFILL) + settings.side_max_replicas(DECODE)
-    target = settings.decode_target_ongoing_requests or settings.prefill_target_ongoing_requests
-    return low, high, target
+    else:
+        target = settings.decode_target_ongoing_requests or settings.prefill_target_ongoing_requests
+    return sizing.surge_minimum(settings, side), high, target
 
 
 def _queue_bounds(settings: Settings, *, ongoing: int, queued: int) -> dict[str, Any]:
@@ -86,7 +86,10 @@ def engine_options(settings: Settings, side: str) -> dict[str, Any]:
     """
     low, high, target = _bounds(settings, side)
     options: dict[str, Any]
-    if high > low:
+    # A range stays a range under the surge, its minimum at its maximum: Serve hashes whether a deployment
+    # has an autoscaling_config into the app's code version (deploy_utils.py, deployment_autoscaling_policies),
+    # so a surge as a fixed num_replicas would restart every replica again when the minimum comes back down.
+    if sizing.surge_room(settings, side):
         options = {
             "num_replicas": None,
             "autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": target},

@@ -209,6 +209,10 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "how a change to the Ray cluster (image, pods, environment) rolls out: `auto`, KubeRay's blue/green `NewCluster` where the GPU group's maximum holds a second cluster at every side's minimum (the old one serves until the new one's app runs), else the recreate Job (the endpoint is down for a cluster start); `recreate`, always the Job (a capacity reservation with no room for a second cluster). See docs/operations.md, \"Upgrades\"",
         f"one of {_listed(RAY_CLUSTER_UPGRADES)}",
     ),
+    "replica_surge": SettingDoc(
+        'for one deploy: each engine deployment with a range (a maximum above its minimum) runs one replica more, its minimum raised by one, so that a change that restarts replicas (an engine setting such as `max_model_len`) starts the new replica before Serve stops the old one (not a new model: Serve deletes the old model\'s deployments as it starts the new); `make upgrade` deploys with it and then without, which lowers the minimum again in place. A side with no range is down for one engine start (see "Upgrades")',
+        _BOOL + "; true only where some engine deployment has a range",
+    ),
     "gcs_fault_tolerance": SettingDoc(
         'Ray GCS fault tolerance (KubeRay `gcsFaultToleranceOptions`): the head\'s GCS keeps its tables in an ElastiCache for Valkey store in the stack (two nodes in two AZs, TLS, encrypted at rest, an AUTH token generated into Secrets Manager and synced by External Secrets), so a lost head comes back without the cluster being rebuilt: the endpoint keeps answering and the engines are kept. Off: a lost head takes every replica with it, the endpoint down for a cluster start (see "A lost Ray head")',
         _BOOL

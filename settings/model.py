@@ -114,6 +114,9 @@ class Settings:
     # recreate Job (the endpoint is down for a cluster start); recreate: always the Job (a capacity
     # reservation with no room for a second cluster, say).
     ray_cluster_upgrade: str = "auto"
+    # For one deploy (docs/operations.md, "Upgrades"): each engine deployment with a range runs one replica more,
+    # so that a change that restarts replicas keeps one serving; `make upgrade` deploys with it, then without.
+    replica_surge: bool = False
     # GCS fault tolerance (docs/operations.md, "A lost Ray head"): the head's GCS keeps its tables in an
     # ElastiCache for Valkey store (two nodes, Multi-AZ, TLS, an AUTH token from Secrets Manager), so a head
     # that restarts finds them and the workers and replicas stay. False: a lost head takes every replica.

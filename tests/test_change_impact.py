@@ -79,6 +79,11 @@ RANGE: dict[str, Any] = {"num_replicas": None, "autoscaling_config": BOUNDS}
 WIDER: dict[str, Any] = {"num_replicas": None, "autoscaling_config": {**BOUNDS, "max_replicas": 3}}
 POLICY = {"policy_function": "ray.serve.autoscaling_policy:replica_queue_length_autoscaling_policy"}
 WITH_POLICY: dict[str, Any] = {"num_replicas": None, "autoscaling_config": {**BOUNDS, "policy": POLICY}}
+# Both sides with a range: room for a surge replica each (settings/sizing/upgrade.py, surge_room).
+RANGES: dict[str, Any] = {
+    "prefill_max_replicas": 2, "prefill_target_ongoing_requests": 2.0,
+    "decode_max_replicas": 2, "decode_target_ongoing_requests": 8.0,
+}  # fmt: skip
 Pair = Callable[[], tuple[dict[str, Any], dict[str, Any]]]
 SERVE_CHANGES: dict[str, tuple[Pair, Impact, str]] = {
     "queue bounds": (
@@ -111,6 +116,11 @@ SERVE_CHANGES: dict[str, tuple[Pair, Impact, str]] = {
         Impact.REPLICAS_RESTARTED,
         "code version",
     ),
+    # `make upgrade`'s two deploys around a change (tools/upgrade.py): the surge's minimum up, then down again,
+    # each applied to running replicas. A range stays a range under the surge (serve_config/deployments.py):
+    # as a fixed size its way back would change the code version, as "fixed to a range" does.
+    "surge on": (lambda: (synth(**RANGES), synth(**RANGES, replica_surge=True)), Impact.IN_PLACE, "without a restart"),
+    "surge off": (lambda: (synth(**RANGES, replica_surge=True), synth(**RANGES)), Impact.IN_PLACE, "without a restart"),
     "autoscaling policy": (
         lambda: (
             _edit_deployment(synth(), "Decode:", **RANGE),
@@ -133,6 +143,20 @@ def test_a_change_to_the_serve_config_is_classified(tmp_path: Path, name: str, l
 
 
 # --- What the PR comment says ----------------------------------------------------------------------
+def test_a_replica_restart_says_which_sides_a_surge_keeps_serving() -> None:
+    """On the defaults neither side has room; with a range on prefill, prefill surges and decode is still down."""
+    restart = change_impact.Classification([change_impact.Finding(Impact.REPLICAS_RESTARTED, "code version")])
+    plain = change_impact.interruption(restart, Settings())
+    assert "No room for a surge replica on prefill and decode" in plain and "make upgrade" not in plain
+    one = Settings(prefill_max_replicas=2, prefill_target_ongoing_requests=2.0)
+    said = change_impact.interruption(restart, one)
+    assert "Deployed with `make upgrade`, prefill start" in said and "No room for a surge replica on decode" in said
+    both = change_impact.interruption(restart, Settings(**RANGES))
+    assert "prefill and decode start a surge replica" in both and "No room" not in both
+    new_model = change_impact.Classification(restart.findings, new_model=True)
+    assert "no surge replica keeps them serving" in change_impact.interruption(new_model, Settings(**RANGES))
+
+
 def test_each_class_says_how_long_from_sizing() -> None:
     s = Settings()
     start, engine, pull = sizing.cold_start(s), sizing.ENGINE_START_S, sizing.IMAGE_PULL_S
@@ -200,7 +224,7 @@ def test_the_readme_gives_the_interruptions_change_impact_computes() -> None:
         "a new Ray cluster": (False, True, False),
         "GPU nodes replaced": (True, True, True),
     }.items():
-        seconds = change_impact.engine_restart_seconds(
+        seconds = sizing.engine_restart_seconds(
             s, new_weights=new_weights, image_pull=image_pull, gpu_nodes_only=gpu_nodes_only
         )
         assert change_impact._minutes(*seconds) in readme, kind

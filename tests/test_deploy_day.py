@@ -97,7 +97,8 @@ def test_public_access_cidrs_reach_the_cluster() -> None:
 
 
 def test_synth_warns_in_one_line_each_of_an_open_endpoint_and_an_upgrade_with_downtime(tmp_path: Any) -> None:
-    """On the defaults: the API endpoint is open to the world, and two fixed GPU nodes hold no second Ray cluster."""
+    """On the defaults: the API endpoint is open to the world, two fixed GPU nodes hold no second Ray cluster, and
+    neither side has room for a surge replica."""
     env = {"CDK_OUTDIR": str(tmp_path), "PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin"}
     result = subprocess.run(
         ["python", "app.py"], cwd=ROOT, env={**env, "CDK_VALIDATION": "false"}, capture_output=True, text=True,
@@ -105,9 +106,10 @@ def test_synth_warns_in_one_line_each_of_an_open_endpoint_and_an_upgrade_with_do
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 2, warnings
+    assert len(warnings) == 3, warnings
     assert "0.0.0.0/0" in warnings[0] and "public_access_cidrs" in warnings[0]
     assert "cannot hold a second Ray cluster" in warnings[1] and "a maximum of 4 or more" in warnings[1]
+    assert "no room for a surge replica on prefill and decode" in warnings[2] and "make upgrade" in warnings[2]
 
 
 # --- 8. the Jobs' kubectl gets a writable HOME -------------------------------------------

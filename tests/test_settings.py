@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 import app
-from app import warnings
 from settings import Settings, SettingsError, settings_from, settings_from_cli
 from settings.sizing import gpu_memory_plan
 from tests.conftest import PROJECT_CONTEXT, ROOT
@@ -220,6 +219,35 @@ def test_max_model_len_up_to_the_models_context_length_is_accepted() -> None:
     """The boundary: exactly the model's max_position_embeddings (Qwen3-4B: 40960) loads."""
     settings = settings_from({**PROJECT_CONTEXT, "model_id": "Qwen/Qwen3-4B", "max_model_len": "40960"})
     assert settings.max_model_len == settings.model.max_context_tokens == 40960
+
+
+def warnings(settings: Settings) -> list[str]:
+    """The synth warnings but the surge one (test_a_side_without_room_for_a_surge_warns_with_its_downtime)."""
+    return [line for line in app.warnings(settings) if "surge replica" not in line]
+
+
+def test_a_side_without_room_for_a_surge_warns_with_its_downtime() -> None:
+    """The defaults (one replica a side, no range): one line naming both sides and the minutes; a range on
+    prefill leaves decode named; ranges on both: no line."""
+    (line,) = [w for w in app.warnings(Settings()) if "surge replica" in w]
+    assert "prefill and decode" in line and "about 1.1-3.1 min" in line and "\n" not in line
+    one = Settings(prefill_max_replicas=2, prefill_target_ongoing_requests=2.0)
+    (line,) = [w for w in app.warnings(one) if "surge replica" in w]
+    assert "on decode (no range)" in line and "decode_max_replicas above" in line
+    both = Settings(
+        prefill_max_replicas=2, prefill_target_ongoing_requests=2.0, decode_max_replicas=2,
+        decode_target_ongoing_requests=8.0,
+    )  # fmt: skip
+    assert not [w for w in app.warnings(both) if "surge replica" in w]
+
+
+def test_a_surge_where_no_side_has_room_is_refused_in_one_line() -> None:
+    with pytest.raises(SettingsError) as raised:
+        settings_from({**PROJECT_CONTEXT, "replica_surge": "true"})
+    assert str(raised.value).startswith("setting 'replica_surge' = True is not valid: true only where")
+    assert "prefill_max_replicas or decode_max_replicas" in str(raised.value) and "\n" not in str(raised.value)
+    ranged = {"prefill_max_replicas": "2", "prefill_target_ongoing_requests": "2", "replica_surge": "true"}
+    assert settings_from({**PROJECT_CONTEXT, **ranged}).replica_surge
 
 
 def test_a_public_endpoint_open_to_the_world_warns_in_one_line() -> None:

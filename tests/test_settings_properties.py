@@ -57,6 +57,7 @@ CANDIDATES: dict[str, list[Any]] = {
     "request_timeout_seconds": [600, 30, 10, 100_000],
     "ray_worker_idle_timeout_seconds": [60, 10, 5, 100_000],
     "ray_cluster_upgrade": ["auto", "recreate", "blue-green", "NewCluster"],
+    "replica_surge": [False, True, "on"],
     "gcs_fault_tolerance": [True, False, "off"],
     "gcs_store_node_type": ["cache.t4g.micro", "cache.r7g.large", "cache.t2.micro", "t4g.micro"],
     "prefill_tensor_parallel_size": [1, 2, 4, 8, 3],

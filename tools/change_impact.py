@@ -207,16 +207,31 @@ def _minutes(low: float, high: float) -> str:
     return f"about {low / 60:.1f}-{high / 60:.1f} min"
 
 
-def engine_restart_seconds(
-    s: Settings, *, new_weights: bool, image_pull: bool, gpu_nodes_only: bool = False
-) -> tuple[float, float]:
-    """One engine start on a node that already runs: the weights (from the node's cache, or downloaded for
-    a new model), vLLM's start, and the image pull where the image is new to the node: a standard pull
-    where a system node (the head) pulls it too, the GPU nodes' parallel pull where only they do."""
-    start = sizing.cold_start(s)
-    weights = start.first_download_seconds if new_weights else start.restart_seconds
-    pull = sizing.gpu_image_pull_seconds(parallel=gpu_nodes_only) if image_pull else (0.0, 0.0)
-    return weights + sizing.ENGINE_START_S[0] + pull[0], weights + sizing.ENGINE_START_S[1] + pull[1]
+def surge_advice(s: Settings, *, new_model: bool = False) -> str:
+    """Which sides `make upgrade` keeps serving through a replica restart, and which have no room."""
+    if new_model:
+        # Ray LLM names the engine deployments after the model; Serve deletes a deployment the new config
+        # leaves out in the same pass that starts the new ones (application_state.py, _reconcile_target_deployments).
+        return (
+            "A new model renames the engine deployments, and Serve deletes the old ones as it starts the new: "
+            "no surge replica keeps them serving."
+        )
+    names = {"aggregated": "the engines"}
+    sides = ("aggregated",) if s.serving_mode == "aggregated" else ("prefill", "decode")
+    room = [names.get(side, side) for side in sides if sizing.surge_room(s, side)]
+    none = [names.get(side, side) for side in sides if not sizing.surge_room(s, side)]
+    said = []
+    if room:
+        said.append(
+            f"Deployed with `make upgrade`, {' and '.join(room)} start a surge replica first and keep serving "
+            "(one GPU replica more until the old one stops)."
+        )
+    if none:
+        said.append(
+            f"No room for a surge replica on {' and '.join(none)} (no range: its maximum is its minimum), "
+            "so the outage above holds there."
+        )
+    return " ".join(said)
 
 
 def interruption(c: Classification, s: Settings) -> str:
@@ -225,14 +240,17 @@ def interruption(c: Classification, s: Settings) -> str:
     if impact is Impact.IN_PLACE:
         return "No replica, Ray cluster or node restarts."
     if impact is Impact.REPLICAS_RESTARTED:
-        low, high = engine_restart_seconds(s, new_weights=c.new_model, image_pull=False)
+        low, high = sizing.engine_restart_seconds(s, new_weights=c.new_model, image_pull=False)
         return (
             "Serve stops outdated replicas before it starts new ones on the same nodes (20% of a deployment's "
             "target at a time, at least one): a side with one replica is down for one engine start, "
-            f"{_minutes(low, high)}" + (" (a new model: its weights are downloaded)." if c.new_model else ".")
+            f"{_minutes(low, high)}"
+            + (" (a new model: its weights are downloaded)." if c.new_model else ".")
+            + " "
+            + surge_advice(s, new_model=c.new_model)
         )
     if impact is Impact.NEW_RAY_CLUSTER:
-        low, high = engine_restart_seconds(s, new_weights=c.new_model, image_pull=c.image_changed)
+        low, high = sizing.engine_restart_seconds(s, new_weights=c.new_model, image_pull=c.image_changed)
         if c.blue_green:
             delay = sizing.cluster_deletion_delay_seconds(s)
             return (
@@ -261,7 +279,7 @@ def interruption(c: Classification, s: Settings) -> str:
         if "GPU" in c.replaced_groups:
             # EKS's update launches the new nodes before it drains the old ones (docs.aws.amazon.com/eks,
             # "Managed node update behavior": scale up phase, then upgrade phase).
-            low, high = engine_restart_seconds(s, new_weights=True, image_pull=True, gpu_nodes_only=True)
+            low, high = sizing.engine_restart_seconds(s, new_weights=True, image_pull=True, gpu_nodes_only=True)
             budget_low, budget_high = sizing.scale_up_seconds(s)
             parts.append(
                 f"EKS launches new GPU nodes (the GPU quota must hold them), then drains the old "
@@ -270,7 +288,7 @@ def interruption(c: Classification, s: Settings) -> str:
                 f"`make plan`'s scale-up budget, {_minutes(budget_low, budget_high)}, where the node comes up after."
             )
         if "system" in c.replaced_groups:
-            low, high = engine_restart_seconds(s, new_weights=False, image_pull=True)
+            low, high = sizing.engine_restart_seconds(s, new_weights=False, image_pull=True)
             head = (
                 "the Ray head restarts under GCS fault tolerance, every replica kept and the endpoint answering"
                 if c.gcs_fault_tolerance

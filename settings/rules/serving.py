@@ -14,6 +14,7 @@ from settings.sizing import (
     gpu_memory_plan,
     max_ongoing_requests,
     min_gpu_memory_utilization,
+    surge_room,
 )
 
 _GCS_STORE_CLUSTER_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9-]{0,34}[A-Za-z0-9])?$")
@@ -73,6 +74,19 @@ def check_model(s: Settings) -> None:
         s.ray_cluster_upgrade,
         f"one of {list(RAY_CLUSTER_UPGRADES)}",
     )
+    if s.replica_surge:
+        engines = ("aggregated",) if s.serving_mode == "aggregated" else ("prefill", "decode")
+        require(
+            any(surge_room(s, side) for side in engines),
+            "replica_surge",
+            s.replica_surge,
+            "true only where an engine deployment has room for one replica more: "
+            + (
+                "prefill_max_replicas or decode_max_replicas above its minimum"
+                if s.serving_mode != "aggregated"
+                else "a maximum above prefill_replicas + decode_replicas"
+            ),
+        )
     stores = list(catalog.GCS_STORE_NODE_PRICES)
     require(s.gcs_store_node_type in stores, "gcs_store_node_type", s.gcs_store_node_type, f"one of {stores}")
     if s.gcs_fault_tolerance:

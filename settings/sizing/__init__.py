@@ -121,8 +121,12 @@ from settings.sizing.upgrade import (
     INGRESS_READINESS_TIMEOUT_S,
     blue_green,
     cluster_deletion_delay_seconds,
+    engine_bounds,
+    engine_restart_seconds,
     holds_second_cluster,
     readiness_lag_seconds,
+    surge_minimum,
+    surge_room,
 )
 
 __all__ = [
@@ -192,7 +196,9 @@ __all__ = [
     "disaggregation_verdict",
     "download_gbps",
     "engine_admits",
+    "engine_bounds",
     "engine_max_num_batched_tokens",
+    "engine_restart_seconds",
     "gpu_image_pull_seconds",
     "gpu_memory_plan",
     "gpu_node_bounds",
@@ -220,6 +226,8 @@ __all__ = [
     "scale_up_budget",
     "scale_up_seconds",
     "seconds_before_any_pull",
+    "surge_minimum",
+    "surge_room",
     "transfer_plan",
     "transfer_share_range",
     "transfer_streams",

@@ -1,4 +1,5 @@
-"""Sizing: a change to the Ray cluster, by blue/green or by recreate, and how long the old cluster stays."""
+"""Sizing: a change to the Ray cluster, by blue/green or by recreate, and how long the old cluster stays; a change
+that restarts replicas, with a surge replica where a side has room, and how long a side without one is down."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from settings.sizing.admission import (
     graceful_shutdown,
 )
 from settings.sizing.root_volume import gpu_serving_node_bounds
+from settings.sizing.scale_up import ENGINE_START_S, cold_start, gpu_image_pull_seconds
 
 if TYPE_CHECKING:
     from settings.model import Settings
@@ -56,3 +58,39 @@ def cluster_deletion_delay_seconds(s: Settings) -> int:
     if s.internal_endpoint_cidrs:
         delay += NLB_DEREGISTRATION_PROPAGATION_S + NLB_DEREGISTRATION_ALLOWANCE_S
     return delay
+
+
+def engine_restart_seconds(
+    s: Settings, *, new_weights: bool, image_pull: bool, gpu_nodes_only: bool = False
+) -> tuple[float, float]:
+    """One engine start on a node that already runs: the weights (from the node's cache, or downloaded for
+    a new model), vLLM's start, and the image pull where the image is new to the node: a standard pull
+    where a system node (the head) pulls it too, the GPU nodes' parallel pull where only they do."""
+    start = cold_start(s)
+    weights = start.first_download_seconds if new_weights else start.restart_seconds
+    pull = gpu_image_pull_seconds(parallel=gpu_nodes_only) if image_pull else (0.0, 0.0)
+    return weights + ENGINE_START_S[0] + pull[0], weights + ENGINE_START_S[1] + pull[1]
+
+
+def engine_bounds(s: Settings, side: str) -> tuple[int, int]:
+    """(minimum, maximum) replicas of an engine deployment: a side's, or aggregated mode's one deployment,
+    the sides summed."""
+    if side == "aggregated":
+        low = s.prefill_replicas + s.decode_replicas
+        return low, s.side_max_replicas("prefill") + s.side_max_replicas("decode")
+    return s.side_replicas(side), s.side_max_replicas(side)
+
+
+def surge_room(s: Settings, side: str) -> bool:
+    """Whether an engine deployment has room for a surge replica: its maximum above its minimum, so its GPU
+    nodes (and the group's maximum) hold one replica more. Serve 2.58 stops an outdated replica before it
+    starts a new one (serve/_private/deployment_state.py, the rolling update) unless the target stands above
+    the replicas running, so a side kept serving through a restart needs that one more."""
+    low, high = engine_bounds(s, side)
+    return high > low
+
+
+def surge_minimum(s: Settings, side: str) -> int:
+    """An engine deployment's minimum while `replica_surge` is on: one more where it has room."""
+    low, _ = engine_bounds(s, side)
+    return low + 1 if s.replica_surge and surge_room(s, side) else low
