@@ -46,7 +46,8 @@ CASES = (
     Case("pd", passes=True),
     # The same GPUs serving aggregated (serving_mode=aggregated): it serves, with no NIXL anywhere.
     Case("aggregated", passes=True),
-    # Prefill with a range: Serve scales it 1 -> 2 -> 1 -> 2 with the traffic (rehearsal/scaling.py).
+    # Prefill with a range: Serve scales it 1 -> 2 -> 1 with the traffic (rehearsal/scaling.py); then an engine
+    # setting changed with a surge replica on each side (rehearsal/surge.py).
     Case("scaling", passes=True),
     # The Ray head's processes killed while streams run, under GCS fault tolerance (rehearsal/head_loss.py).
     Case("head-loss", passes=True),

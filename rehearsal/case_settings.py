@@ -15,8 +15,16 @@ from rehearsal.keys import KEY_SETTINGS
 # requests are that short would (settings typical_request_tokens): the default 2,048 admits 13 at decode
 # on the product's GPU, and the disconnects phase holds 20 streams at once.
 SERVING_SETTINGS = {**KEY_SETTINGS, "typical_request_tokens": "1024"}
-# The scaling case: a range on prefill, as a user sets it (README "Scaling": prefill aims at 1 or 2).
-SCALING_SETTINGS = {**SERVING_SETTINGS, "prefill_max_replicas": "2", "prefill_target_ongoing_requests": "2"}
+# The scaling case: a range on prefill, as a user sets it (README "Scaling": prefill aims at 1 or 2), and one on
+# decode whose target the case's load never reaches (6 clients, 8 a replica): decode's room for the surge
+# replica (rehearsal/surge.py), while only prefill scales with traffic.
+SCALING_SETTINGS = {
+    **SERVING_SETTINGS,
+    "prefill_max_replicas": "2",
+    "prefill_target_ongoing_requests": "2",
+    "decode_max_replicas": "2",
+    "decode_target_ongoing_requests": "8",
+}
 CASE_SETTINGS: dict[str, dict[str, str]] = {
     "pd": {**SERVING_SETTINGS},
     "aggregated": {"serving_mode": "aggregated", **SERVING_SETTINGS},

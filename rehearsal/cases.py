@@ -30,6 +30,7 @@ from rehearsal import (
     node_loss,
     readiness,
     scaling,
+    surge,
     sustained_load,
 )
 from rehearsal.context import Phase, Setup
@@ -111,8 +112,9 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
         keys.key_log_scan,
     ),
     "aggregated": (keys.key_checks, readiness.readiness_check, checks.verify_checks, checks.bench, keys.key_log_scan),
-    # The bound change first: the scaling then runs on the target it set in place.
-    "scaling": (scaling.bound_change_check, scaling.scaling_check),
+    # The bound change first: the scaling then runs on the target it set in place; the surge last (it restarts
+    # every replica, then stops node C, where the new ones run).
+    "scaling": (scaling.bound_change_check, scaling.scaling_check, surge.surge_check),
     # The contrast without the store ends the cluster: last.
     "head-loss": (head_loss.head_loss_check, head_loss.without_store_check),
 }

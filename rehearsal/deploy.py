@@ -41,7 +41,7 @@ FAILURE_DELTAS: dict[str, str] = {
     "deployment_config.max_constructor_retry_count": "1: the app is DEPLOY_FAILED after one failed start",
 }
 # What the scaling case changes beside CPU_DELTAS, and why (a test pins this set): Serve's own delays,
-# shortened so that 1 -> 2 -> 1 -> 2 fits a CI run. The signal, the bounds, the target and the drain
+# shortened so that 1 -> 2 -> 1 fits a CI run. The signal, the bounds, the target and the drain
 # are the product's. Each delay: (the value here, Serve's default in serve/config.py AutoscalingConfig).
 SCALING_DELAYS = {
     "upscale_delay_s": (5.0, 30.0),

@@ -86,14 +86,15 @@ def two_nodes() -> Iterator[Nodes]:
 
 @contextlib.contextmanager
 def third_node(nodes: Nodes) -> Iterator[Nodes]:
-    """Node C: a namespace of its own on a second veth pair to node A, routed to node B through A."""
+    """Node C: a namespace of its own on a second veth pair to node A, routed to node B through A. Node B's
+    route to it outlives it (a route via node A), so a second node C in the same case replaces it."""
     holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
     try:
         node_c = Nodes(_held(holder))
         for command in (
             *_veth_pair(node_c, (NODE_C_GATEWAY_IFACE, NODE_C_GATEWAY_IP), (NODE_C_IFACE, NODE_C_IP)),
             [*node_c.node_b, "ip", "route", "add", f"{_subnet(HEAD_IP)}/24", "via", NODE_C_GATEWAY_IP],
-            [*nodes.node_b, "ip", "route", "add", f"{_subnet(NODE_C_IP)}/24", "via", HEAD_IP],
+            [*nodes.node_b, "ip", "route", "replace", f"{_subnet(NODE_C_IP)}/24", "via", HEAD_IP],
         ):
             subprocess.run(command, check=True)
         # Node A forwards between B and C; this namespace's own setting, nothing outside it.

@@ -1,4 +1,4 @@
-"""Prefill scales with the traffic, 1 -> 2 -> 1 -> 2, on the scaling case's one deployed app.
+"""Prefill scales with the traffic, 1 -> 2 -> 1, on the scaling case's one deployed app.
 
 The case deploys the product with a range on prefill (case_settings.SCALING_SETTINGS: prefill_max_replicas 2,
 prefill_target_ongoing_requests 2, as a user sets them) and only the documented deltas: the CPU
@@ -15,15 +15,15 @@ and one replica's CPUs, as Ray's autoscaler starts a pod of the prefill group an
 Autoscaler a node for it (their part is tested on the synthesized template: tests/test_scaling.py).
 
 Load: LOAD clients, each sending prefill-heavy streams one after another (a long prompt of its own,
-so that no prefix cache spares a transfer, and a short answer). Between the two loads the side must
-return to one replica while idle; the second load brings the second replica back. The replacement
-lands where a replica stopped before, on the same node and likely the same rank, so the same NIXL
-name as the one that stopped without ray_pods/nixl_incarnation.py (vllm#49238): decode must still
-shake hands with it.
+so that no prefix cache spares a transfer, and a short answer). After the load the side must return
+to one replica while idle. The case's surge phase (rehearsal/surge.py) then starts a prefill replica
+where one stopped before, on the same node and likely the same rank, so the same NIXL name as the one
+that stopped without ray_pods/nixl_incarnation.py (vllm#49238): decode must still shake hands with
+it, and that phase checks every engine's name.
 
-Recorded: the prefill replicas over time (state and node), each step's time, the prompt tokens each
+Recorded: the prefill replicas over time (state and node), each step's time, the prompt tokens the
 new replica computed, decode's NIXL counters, and what every client got. Required: each step
-happens within its limit; each new replica computed prompts whose KV decode read; every request
+happens within its limit; the new replica computed prompts whose KV decode read; every request
 succeeded (none cut, none refused), decode's transfers equal the requests, NIXL failed none.
 """
 
@@ -265,8 +265,7 @@ def scaling_check(ctx: Context) -> list[Any]:
             transfers_before, failed_before = settled(decode_nixl_counters)
             sets = [set(timeline.replicas())]
             tokens = [_prompt_tokens()]
-            for step, running, loaded in (("1 -> 2 under load", 2, True), ("2 -> 1 idle", 1, False),
-                                          ("1 -> 2 again", 2, True)):  # fmt: skip
+            for step, running, loaded in (("1 -> 2 under load", 2, True), ("2 -> 1 idle", 1, False)):
                 if steps and list(steps.values())[-1] is None:
                     steps[step] = None
                     continue
@@ -284,15 +283,13 @@ def scaling_check(ctx: Context) -> list[Any]:
         finally:
             stop_node_b(node_c)
     nodes = timeline.nodes_of()
-    # The replica each load added, and the prompt tokens its node computed while that load ran.
-    added = [sets[1] - sets[0], sets[3] - sets[2]] if len(sets) == 4 else []
-    windows = [(tokens[0], tokens[1]), (tokens[2], tokens[3])] if len(tokens) == 4 else []
+    # The replica the load added, and the prompt tokens its node computed while the load ran.
+    added = [sets[1] - sets[0]] if len(sets) == 3 else []
+    windows = [(tokens[0], tokens[1])] if len(tokens) == 3 else []
     served = [
         {nodes.get(r, "?"): after.get(nodes.get(r, ""), 0.0) - before.get(nodes.get(r, ""), 0.0) for r in new}
         for new, (before, after) in zip(added, windows, strict=True)
     ]
-    names = prefill_names(ctx.temp_dir)
-    reused = sorted({was for _, was in names if [w for _, w in names].count(was) > 1})
     transfers = transfers_after - transfers_before
     nixl_failed = failed_after - failed_before
     bad = [o for o in outcomes if o.kind != "ok"]
@@ -300,7 +297,6 @@ def scaling_check(ctx: Context) -> list[Any]:
     ctx.metrics.update(
         scaling_up_s=steps["1 -> 2 under load"],
         scaling_down_s=steps["2 -> 1 idle"],
-        scaling_up_again_s=steps["1 -> 2 again"],
         scaling_requests=float(len(outcomes)),
         scaling_failed=float(len(bad)),
         scaling_nixl_transfers=transfers,
@@ -309,10 +305,9 @@ def scaling_check(ctx: Context) -> list[Any]:
     ctx.log_lines.append(
         f"prefill replicas over time: {', '.join(timeline.changes())}; steps (s): {steps}; replicas by node: "
         f"{nodes}; prompt tokens by each new replica's node: {served}; "
-        f"callers saw {streams.summary(outcomes)}; decode transfers {transfers:g}, NIXL failed {nixl_failed:g}; "
-        f"prefill NIXL names (given, Ray's own): {names}; Ray's own name given twice: {reused or 'none'}"
+        f"callers saw {streams.summary(outcomes)}; decode transfers {transfers:g}, NIXL failed {nixl_failed:g}"
     )
-    limits = {"1 -> 2 under load": SCALE_UP, "2 -> 1 idle": SCALE_DOWN, "1 -> 2 again": SCALE_UP}
+    limits = {"1 -> 2 under load": SCALE_UP, "2 -> 1 idle": SCALE_DOWN}
     found = [
         Check(
             f"scaling: prefill {step}",
@@ -323,17 +318,9 @@ def scaling_check(ctx: Context) -> list[Any]:
     ]
     found.append(
         Check(
-            "scaling: each new prefill replica computed prompts that decode read over NIXL",
-            len(served) == 2 and all(len(one) == 1 and min(one.values()) > 0 for one in served),
-            f"prompt tokens by each new replica's node while its load ran: {served} (decode is on {WORKER_IP})",
-        )
-    )
-    found.append(
-        Check(
-            "scaling: each prefill engine started got a NIXL name of its own",
-            len(names) >= 3 and len({given for given, _ in names}) == len(names),
-            f"{len(names)} engines, {len({given for given, _ in names})} names; Ray's own name given again to a "
-            f"replacement: {reused or 'none'} (vllm#49238: decode would skip the handshake for it)",
+            "scaling: the new prefill replica computed prompts that decode read over NIXL",
+            len(served) == 1 and all(len(one) == 1 and min(one.values()) > 0 for one in served),
+            f"prompt tokens by the new replica's node while the load ran: {served} (decode is on {WORKER_IP})",
         )
     )
     found.append(

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rehearsal import burst, case_settings, cases, scaling
+from rehearsal import burst, case_settings, cases, scaling, surge
 from rehearsal.context import Setup
 from rehearsal.deploy import SCALING_DELTAS, apply_scaling_deltas, cpu_serve_config, product_rayservice
 from settings import settings_from, sizing
@@ -37,14 +37,20 @@ def _scaling_options(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {d["name"].split(":")[0]: d for d in app["deployments"]}
 
 
-def test_the_scaling_case_ranges_prefill_alone_with_the_products_target(scaling_config: dict[str, Any]) -> None:
+def test_the_scaling_case_ranges_both_sides_and_only_prefill_scales_with_its_load(
+    scaling_config: dict[str, Any],
+) -> None:
+    """Prefill scales with the traffic; decode's range is the surge's room (rehearsal/surge.py), its target above
+    every stream the case sends at once, so decode never scales on the load."""
     options = _scaling_options(scaling_config)
     assert options["Prefill"]["autoscaling_config"] == {
         "min_replicas": 1,
         "max_replicas": 2,
         "target_ongoing_requests": 2.0,
     }
-    assert options["Decode"]["num_replicas"] == 1 and options["Decode"]["autoscaling_config"] is None
+    decode = options["Decode"]["autoscaling_config"]
+    assert options["Decode"]["num_replicas"] is None and decode["min_replicas"] == 1 and decode["max_replicas"] == 2
+    assert decode["target_ongoing_requests"] > max(scaling.LOAD, surge.LOAD)
     assert scaling.SIDE == "prefill" and float(scaling.CHANGED_TARGET) != 2.0
 
 
@@ -70,7 +76,7 @@ def test_the_case_wires_its_delta_and_its_phases() -> None:
     setup = Setup("scaling", config, {}, None, Path("/tmp"))  # type: ignore[arg-type]
     cases.apply_case(setup)
     assert _scaling_options(setup.config)["Prefill"]["autoscaling_config"]["downscale_delay_s"] == 20.0
-    assert cases.CASE_PHASES["scaling"] == (scaling.bound_change_check, scaling.scaling_check)
+    assert cases.CASE_PHASES["scaling"] == (scaling.bound_change_check, scaling.scaling_check, surge.surge_check)
     assert "burst_check" in [phase.__name__ for phase in cases.CASE_PHASES["pd"]]
 
 
