@@ -69,8 +69,7 @@ def warnings(settings: Settings) -> list[str]:
             f"({low} more): a Ray cluster change recreates it, with the endpoint down for a cluster start; "
             f'a maximum of {2 * low} or more makes it blue/green (docs/operations.md, "Upgrades")'
         )
-    sides = ("aggregated",) if settings.serving_mode == "aggregated" else ("prefill", "decode")
-    fixed = [side for side in sides if not sizing.surge_room(settings, side)]
+    fixed = [side for side in sizing.engine_sides(settings) if not sizing.surge_room(settings, side)]
     if fixed:
         down = sizing.engine_restart_seconds(settings, new_weights=False, image_pull=False)
         keys = " or ".join(f"{side}_max_replicas" for side in fixed if side != "aggregated") or "a maximum"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve_config import DECODE, PREFILL, SIDES
+from serve_config import DECODE, PREFILL
 from serve_config.endpoint_keys import API_KEY_INGRESS
 from settings import Settings, sizing
 
@@ -48,7 +48,7 @@ def ingress_deployment_name(settings: Settings) -> str:
 
 def engines(settings: Settings) -> tuple[str, ...]:
     """The engine deployments of the serving mode: prefill and decode, or the aggregated one."""
-    return ("aggregated",) if settings.serving_mode == "aggregated" else SIDES
+    return sizing.engine_sides(settings)
 
 
 def _bounds(settings: Settings, side: str) -> tuple[int, int, float | None]:

@@ -217,7 +217,7 @@ def surge_advice(s: Settings, *, new_model: bool = False) -> str:
             "no surge replica keeps them serving."
         )
     names = {"aggregated": "the engines"}
-    sides = ("aggregated",) if s.serving_mode == "aggregated" else ("prefill", "decode")
+    sides = sizing.engine_sides(s)
     room = [names.get(side, side) for side in sides if sizing.surge_room(s, side)]
     none = [names.get(side, side) for side in sides if not sizing.surge_room(s, side)]
     said = []

@@ -11,6 +11,7 @@ from settings.rules.base import KMS_KEY_ARN, SECRET_NAME, require
 from settings.rules.bounds import span, within
 from settings.sizing import (
     MAX_GPU_MEMORY_UTILIZATION,
+    engine_sides,
     gpu_memory_plan,
     max_ongoing_requests,
     min_gpu_memory_utilization,
@@ -75,9 +76,8 @@ def check_model(s: Settings) -> None:
         f"one of {list(RAY_CLUSTER_UPGRADES)}",
     )
     if s.replica_surge:
-        engines = ("aggregated",) if s.serving_mode == "aggregated" else ("prefill", "decode")
         require(
-            any(surge_room(s, side) for side in engines),
+            any(surge_room(s, side) for side in engine_sides(s)),
             "replica_surge",
             s.replica_surge,
             "true only where an engine deployment has room for one replica more: "

@@ -72,6 +72,11 @@ def engine_restart_seconds(
     return weights + ENGINE_START_S[0] + pull[0], weights + ENGINE_START_S[1] + pull[1]
 
 
+def engine_sides(s: Settings) -> tuple[str, ...]:
+    """The engine deployments of the serving mode: prefill and decode, or the aggregated one."""
+    return ("aggregated",) if s.serving_mode == "aggregated" else ("prefill", "decode")
+
+
 def engine_bounds(s: Settings, side: str) -> tuple[int, int]:
     """(minimum, maximum) replicas of an engine deployment: a side's, or aggregated mode's one deployment,
     the sides summed."""
