@@ -121,16 +121,37 @@ class Cluster:
         started = subprocess.run(
             ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S
         )
-        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:] + self.logs()
 
     def start_worker(self, reconnect_timeout_s: int) -> None:
+        """A worker node joins, as a RayService worker pod starts. Ray gives a new node 30 s (a constant in
+        node.py) to see itself registered; on a busy 2-core machine that once ran out in CI while the head was
+        up. KubeRay restarts a worker container whose `ray start` fails, so a failed start is retried once, as
+        the pod would be; a second failure fails the test with both nodes' logs."""
         env = {**self.base_env, NODE_MARK: "worker", "RAY_gcs_rpc_server_reconnect_timeout_s": str(reconnect_timeout_s)}
-        started = subprocess.run(
-            [RAY, "start", f"--address=127.0.0.1:{self.gcs_port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-             '--resources={"replica": 1}', "--disable-usage-stats"],
-            env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S,
-        )  # fmt: skip
-        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        failures = []
+        for attempt in (1, 2):
+            started = subprocess.run(
+                [RAY, "start", f"--address=127.0.0.1:{self.gcs_port}", "--node-ip-address=127.0.0.1",
+                 "--num-cpus=1", '--resources={"replica": 1}', "--disable-usage-stats",
+                 f"--temp-dir={self.temp_dir}/worker{attempt}"],
+                env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S,
+            )  # fmt: skip
+            if started.returncode == 0:
+                return
+            failures.append(f"attempt {attempt}: " + started.stdout[-1500:] + started.stderr[-1500:] + self.logs())
+            _kill("worker")
+        pytest.fail("\n".join(failures))
+
+    def logs(self) -> str:
+        """The last lines of every node's GCS and raylet logs: what a failed start leaves to read."""
+        tails = []
+        sessions = [s for s in sorted(self.temp_dir.glob("*/session_*")) if not s.is_symlink()]
+        for log in (log for session in sessions for log in sorted((session / "logs").glob("*"))):
+            if log.name.startswith(("gcs_server", "raylet")) and log.stat().st_size:
+                lines = log.read_text(errors="replace").splitlines()[-15:]
+                tails.append(f"\n--- {log.relative_to(self.temp_dir)}\n" + "\n".join(lines))
+        return "".join(tails)
 
     def driver(self, code: str) -> str:
         """Run code in a fresh driver connected to the cluster; its last printed line."""

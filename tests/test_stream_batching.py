@@ -42,6 +42,7 @@ def test_decode_and_aggregated_stream_at_the_chosen_interval() -> None:
 
 
 @serve
+@pytest.mark.xdist_group("ray")  # the one Ray of a worker: a second would run beside the Ray tests' own clusters
 def test_build_pd_openai_app_accepts_the_interval(local_ray: None) -> None:
     from ray.serve._private.build_app import build_app
     from ray.serve.llm import build_pd_openai_app
