@@ -25,7 +25,7 @@ def ray_cluster(
     Ray again after it was stopped (stop_node_b), as KubeRay recreates a worker pod that went away."""
     head = [
         _ray(), "start", "--head", f"--node-ip-address={HEAD_IP}", "--port=6379", f"--dashboard-host={HEAD_IP}",
-        f"--temp-dir={temp_dir}", f"--resources={json.dumps(NODE_A_RESOURCES)}", "--num-cpus=6", *_COMMON,
+        f"--temp-dir={temp_dir}", f"--resources={json.dumps(NODE_A_RESOURCES)}", f"--num-cpus={NODE_A_CPUS}", *_COMMON,
     ]  # fmt: skip
     # Started outside the repository, as in a pod: Ray hands its processes' directory to the workers'
     # import path, and this project's code must reach them only as the pods get it (ray_pods via PYTHONPATH).
@@ -45,11 +45,14 @@ def ray_cluster(
 
 
 _COMMON = [f"--metrics-export-port={RAY_METRICS_PORT}", "--disable-usage-stats"]
-# Node A stands in for the system node too: the OpenAI ingress lives there, off the GPU nodes, as the
-# product's ingress group puts it (its replica asks for `ingress`). Node B has exactly the CPUs of
+# Node A stands in for the system nodes too: the OpenAI ingress lives there, off the GPU nodes, as the
+# product's ingress group puts it (its replica asks for `ingress`), with room for one ingress replica more,
+# as the group's maximum holds the surge replica's pod (serve_config/deployments.py, ingress_surge_room):
+# prefill's bundle (5 CPUs) and two ingress replicas (1 CPU each). Node B has exactly the CPUs of
 # decode's bundle (4 for the engine and 1 for the replica), so nothing else fits there: losing node B
 # loses decode alone, never the ingress streaming to the client.
-NODE_A_RESOURCES = {"prefill": 1, "ingress": 1}
+NODE_A_RESOURCES = {"prefill": 1, "ingress": 2}
+NODE_A_CPUS = 7
 NODE_B_CPUS = 5
 
 

@@ -10,10 +10,12 @@ synthesized with the change alone, PUT again: the minimums back down in place, S
 as in any scale-down and keeping a new replica a side that already ran.
 
 Node C comes back with room for one replica of each side, as Ray's autoscaler adds a worker pod within
-the group's maximum. LOAD clients stream through the ingress throughout. Recorded: each side's
-replicas over time, and what every client got: served, refused (503, the bounds) or failed.
-Required: no admitted request failed, every replica of before replaced, the app RUNNING again with one
-replica a side, each a new one that already ran.
+the group's maximum. The ingress restarts too (the args changed), with a surge replica of its own on node A,
+as the ingress group's maximum holds one pod more (rehearsal/cluster.py, NODE_A_RESOURCES). LOAD clients
+stream through the ingress throughout. Recorded: each deployment's replicas over time, the slowest request
+served, and what every client got: served, refused (503, the bounds) or failed. Required: no admitted request
+failed, the ingress never without a RUNNING replica, every replica of before replaced, the app RUNNING again
+with one replica a deployment, each a new one that already ran.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from rehearsal.margins import SURGE
 from rehearsal.network import NODE_C_IFACE, NODE_C_IP, http, third_node
 from rehearsal.scaling import Timeline, prefill_names
 from serve_config import SIDES
-from serve_config.deployments import deployment_name_of
+from serve_config.deployments import deployment_name_of, ingress_deployment_name
+from settings import Settings
 from tools.checks import Check
 from tools.upgrade import minimums_in_force, replicas_of, rolled_over
 
@@ -101,24 +104,37 @@ def _running(now: dict[str, dict[str, str]], names: list[str]) -> dict[str, set[
     return {name: {r for r, state in now.get(name, {}).items() if state == "RUNNING"} for name in names}
 
 
-def _lowered_in_place(live: dict[str, Any], names: list[str], new: dict[str, set[str]]) -> bool:
-    """The minimums back to one a side, the app RUNNING again with one replica a side, and that one a new replica
-    that already ran: nothing restarted. A change of code version would keep the app DEPLOYING through Serve's
-    build and rollout (about a minute before any replica stops), and end with none of these replicas."""
+def _lowered_in_place(live: dict[str, Any], engines: list[str], ingress: str, new: dict[str, set[str]]) -> bool:
+    """The minimums back to one a side and the ingress back to one replica, the app RUNNING again with one replica
+    a deployment, and that one a new replica that already ran: nothing restarted. A change of code version would
+    keep the app DEPLOYING through Serve's build and rollout (about a minute before any replica stops), and end
+    with none of these replicas."""
     now = replicas_of(live)
     minimums = minimums_in_force(live)
     status = {app.get("status") for app in live["applications"].values()}
+    names = [*engines, ingress]
     return (
         status == {"RUNNING"}
         and _one_each(now, names)
-        and all(minimums.get(name) == 1 and set(now[name]) <= new[name] for name in names)
+        and all(minimums.get(name) == 1 for name in engines)
+        and all(set(now[name]) <= new[name] for name in names)
     )
+
+
+def _without_a_running_replica(timeline: Timeline) -> list[float]:
+    """The moments (s) the timeline saw no RUNNING replica."""
+    return [
+        round(moment)
+        for moment, replicas in timeline.seen
+        if not any(state == "RUNNING" for state, _ in replicas.values())
+    ]
 
 
 def surge_check(ctx: Context) -> list[Any]:
     if ctx.nodes is None:
         raise RuntimeError("the surge phase needs the rehearsal's nodes")
     engines = [deployment_name_of(ctx.model_id, side) for side in SIDES]
+    ingress = ingress_deployment_name(Settings())
     base = _synthesized(ctx, {})
     surged, elsewhere = _changed(ctx, copy.deepcopy(base), {**ENGINE_CHANGE, "replica_surge": "true"})
     lowered, _ = _changed(ctx, copy.deepcopy(base), ENGINE_CHANGE)
@@ -127,17 +143,23 @@ def surge_check(ctx: Context) -> list[Any]:
                if ctx.config["applications"][0]["args"][f"{side}_config"]["engine_kwargs"].get(k) != v}
         for side in SIDES
     }  # fmt: skip
-    settled_before = _wait("one replica a side before the change", lambda: _one_each(replicas_of(_live(ctx)), engines),
-                           SURGE.limit_s)  # fmt: skip
+    settled_before = _wait("one replica a deployment before the change",
+                           lambda: _one_each(replicas_of(_live(ctx)), [*engines, ingress]), SURGE.limit_s)  # fmt: skip
     before = replicas_of(_live(ctx))
     steps: dict[str, float | None] = {}
     timelines = {side: Timeline(ctx, name) for side, name in zip(SIDES, engines, strict=True)}
+    timelines["ingress"] = Timeline(ctx, ingress)
     with third_node(ctx.nodes) as node_c:
         try:
             resources = {side: 1 for side in SIDES}
             start_worker(ctx.env, ctx.temp_dir, node_c, ip=NODE_C_IP, iface=NODE_C_IFACE, resources=resources,
                          num_cpus=2 * NODE_B_CPUS)  # fmt: skip
-            with timelines["prefill"], timelines["decode"], streams.Traffic(ctx, LOAD, MAX_TOKENS) as load:
+            with (
+                timelines["prefill"],
+                timelines["decode"],
+                timelines["ingress"],
+                streams.Traffic(ctx, LOAD, MAX_TOKENS) as load,
+            ):
                 began = time.monotonic()
                 http(f"{ctx.dashboard}/api/serve/applications/", surged, method="PUT", timeout=60, headers=ctx.headers)
                 # Serve builds the app anew first (the args changed), which took 55-60 s on a loaded run.
@@ -149,10 +171,12 @@ def surge_check(ctx: Context) -> list[Any]:
                 steps["rolled over"] = _wait(
                     "every replica replaced", lambda: rolled_over(before, replicas_of(_live(ctx))), SURGE.limit_s
                 )
-                new = _running(replicas_of(_live(ctx)), engines)
+                new = _running(replicas_of(_live(ctx)), [*engines, ingress])
                 http(f"{ctx.dashboard}/api/serve/applications/", lowered, method="PUT", timeout=60, headers=ctx.headers)
                 steps["back to one a side, a new replica kept"] = _wait(
-                    "the minimums down in place", lambda: _lowered_in_place(_live(ctx), engines, new), SURGE.limit_s
+                    "the minimums down in place",
+                    lambda: _lowered_in_place(_live(ctx), engines, ingress, new),
+                    SURGE.limit_s,
                 )
                 time.sleep(SERVE_AFTER_S)
                 took = time.monotonic() - began
@@ -165,9 +189,10 @@ def surge_check(ctx: Context) -> list[Any]:
     refused = [o for o in outcomes if o.status in REFUSED]
     failed = [o for o in outcomes if o.kind != "ok" and o.status not in REFUSED]
     kept = {name: sorted(set(before[name]) & set(after.get(name, {}))) for name in before}
-    # The ingress has no range, so no surge: its one replica stops before the new one starts, and requests wait in
-    # Serve's proxy meanwhile. The slowest request served shows that wait.
+    # Without its surge replica the ingress's one replica stopped before the new one started, and requests waited
+    # in Serve's proxy meanwhile: 63 s for the slowest in CI. The slowest request served shows any such wait.
     slowest = max((o.ended - o.started for o in served), default=0.0)
+    ingress_gaps = _without_a_running_replica(timelines["ingress"])
     # Every prefill engine of the case: node A's first, node C's from the scaling phase, and the surge's on node C
     # again, where Ray alone would give the name of the one that stopped there (vllm#49238).
     names = prefill_names(ctx.temp_dir)
@@ -175,13 +200,15 @@ def surge_check(ctx: Context) -> list[Any]:
     ctx.metrics.update(
         surge_served=float(len(served)), surge_refused=float(len(refused)), surge_failed=float(len(failed)),
         surge_s=round(took, 1), surge_slowest_request_s=round(slowest, 1),
+        surge_ingress_without_replica_samples=float(len(ingress_gaps)),
     )  # fmt: skip
     ctx.log_lines.append(
         f"engine setting {ENGINE_CHANGE} deployed with replica_surge, then without: steps (s) {steps}; "
         f"replicas over time: prefill {', '.join(timelines['prefill'].changes())}; decode "
-        f"{', '.join(timelines['decode'].changes())}; replicas of before still there {kept}; clients saw "
+        f"{', '.join(timelines['decode'].changes())}; ingress {', '.join(timelines['ingress'].changes())}; "
+        f"replicas of before still there {kept}; clients saw "
         f"{len(served)} served, {len(refused)} refused, {len(failed)} failed ({streams.summary(outcomes)}), the "
-        f"slowest served in {slowest:.1f} s (the ingress restarting, no surge: requests wait in Serve's proxy); "
+        f"slowest served in {slowest:.1f} s; "
         f"prefill NIXL names (given, Ray's own): {names}; Ray's own name given twice: {reused or 'none'}"
     )
     return [
@@ -194,6 +221,13 @@ def surge_check(ctx: Context) -> list[Any]:
             "surge: an engine setting changed under load, every replica replaced, the minimums back down in place",
             settled_before is not None and None not in steps.values() and not any(kept.values()),
             f"{SURGE.used(took)}; steps (s) {steps}; replicas of before left {kept}",
+        ),
+        Check(
+            "surge: the ingress kept a RUNNING replica throughout: its surge replica started first",
+            bool(timelines["ingress"].seen) and not ingress_gaps,
+            f"ingress {', '.join(timelines['ingress'].changes())}; "
+            f"no RUNNING replica at t (s) {ingress_gaps or 'never'}; "
+            f"the slowest request served took {slowest:.1f} s",
         ),
         Check(
             "surge: no admitted request failed during the change",

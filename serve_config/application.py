@@ -37,11 +37,6 @@ def ingress_deployment_config() -> dict[str, Any]:
     return config
 
 
-def ingress_replicas() -> int:
-    replicas: int = application_data()["ingress"]["deployment_config"]["num_replicas"]
-    return replicas
-
-
 # vLLM reads the KV cache layout from this variable (vllm/envs.py); its Ray workers copy it.
 KV_LAYOUT_ENV = "VLLM_KV_CACHE_LAYOUT"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve_config import DECODE, PREFILL
+from serve_config import DECODE, PREFILL, data_file
 from serve_config.endpoint_keys import API_KEY_INGRESS
 from settings import Settings, sizing
 
@@ -115,11 +115,27 @@ def _client_facing(settings: Settings) -> str:
     return "aggregated" if settings.serving_mode == "aggregated" else DECODE
 
 
+def ingress_replicas() -> int:
+    """The ingress's replicas outside a surge: the builder's args (pd_application.yaml)."""
+    replicas: int = data_file("pd_application.yaml")["ingress"]["deployment_config"]["num_replicas"]
+    return replicas
+
+
+def ingress_surge_replicas(settings: Settings) -> int:
+    """The ingress's replicas: one more under `replica_surge`. Serve 2.58 stops an outdated replica before it
+    starts its replacement unless the target stands above the replicas running (deployment_state.py, the rolling
+    update), and a change that restarts the engines changes the args, so the ingress's code version too."""
+    return ingress_replicas() + (sizing.ingress_surge_room(settings) if settings.replica_surge else 0)
+
+
 def ingress_options(settings: Settings) -> dict[str, Any]:
-    """The ingress's queue bounds and drain: it passes on everything the engines behind it can hold or
+    """The ingress's replicas, queue bounds and drain: it passes on everything the engines behind it can hold or
     queue, so the bound a burst meets is theirs (settings/sizing/admission.py, ingress_max_ongoing_requests). Its
-    replica count and home are structural and stay in the builder's args (pd_application.yaml)."""
-    options = _queue_bounds(
+    home is structural and stays in the builder's args (pd_application.yaml). Its count is here too, so that
+    `replica_surge` raises it in place by one (ingress_surge_replicas) and lowers it again
+    without a restart: num_replicas is not in Serve's code version."""
+    options: dict[str, Any] = {"num_replicas": ingress_surge_replicas(settings)}
+    options |= _queue_bounds(
         settings,
         ongoing=sizing.ingress_max_ongoing_requests(settings),
         queued=sizing.max_queued_requests(settings, _client_facing(settings)),

@@ -34,7 +34,8 @@ from serve_config import (
     pod_labels,
     serving_image,
 )
-from serve_config.application import ingress_replicas, serve_config_v2
+from serve_config.application import serve_config_v2
+from serve_config.deployments import ingress_replicas
 from serve_config.endpoint_keys import (
     RAY_PODS_CODE_ANNOTATION,
     RAY_PODS_PACKAGE,
@@ -50,6 +51,7 @@ from settings.sizing import (
     blue_green,
     cluster_deletion_delay_seconds,
     ingress_prestop_seconds,
+    ingress_surge_room,
     ingress_termination_grace_seconds,
 )
 
@@ -270,10 +272,14 @@ def gcs_fault_tolerance_options(address: str = GCS_STORE_ADDRESS_PLACEHOLDER) ->
 def _ingress_group(
     settings: Settings, template: dict[str, Any], system_node_labels: dict[str, str], *, reads_s3: bool
 ) -> dict[str, Any]:
-    """The ingress's worker group on the system nodes: a fixed size, one pod per ingress replica."""
+    """The ingress's worker group on the system nodes: one pod per ingress replica, and one more where the
+    system nodes hold it under Ray's autoscaler (settings/sizing/upgrade.py, ingress_surge_room): the pod of the
+    surge replica `make upgrade` starts (serve_config/deployments.py, ingress_surge_replicas), which the autoscaler
+    adds only while that replica waits for it and removes once idle."""
     group = copy.deepcopy(template)
     count = ingress_replicas()
-    group.update({"groupName": INGRESS_GROUP, "replicas": count, "minReplicas": count, "maxReplicas": count})
+    high = count + ingress_surge_room(settings)
+    group.update({"groupName": INGRESS_GROUP, "replicas": count, "minReplicas": count, "maxReplicas": high})
     group["rayStartParams"]["resources"] = f"'{json.dumps({INGRESS_GROUP: 1})}'"
     group["template"]["metadata"] = {"labels": pod_labels(settings)}
     pod = group["template"]["spec"]

@@ -87,7 +87,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         f"one of {_listed(k for k, v in catalog.INSTANCE_TYPES.items() if not v.gpus)}",
     ),
     "system_nodes_min": SettingDoc(
-        "system node group size; the minimum is at least 1 (the Ray head and the operator always need a node)",
+        "system node group size; the minimum is at least 1 (the Ray head and the operator always need a node); "
+        "2 by default: a second node holds the ingress's surge replica during `make upgrade`",
         "at least 1",
     ),
     "system_nodes_desired": SettingDoc(

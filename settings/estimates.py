@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serve_config.application import ingress_replicas
+from serve_config.deployments import ingress_replicas
 from settings import catalog, sizing
 from settings.model import Settings
 

@@ -52,7 +52,7 @@ class Settings:
 
     # System nodes: KubeRay operator and the Ray head.
     system_instance_type: str = catalog.DEFAULT_SYSTEM_INSTANCE_TYPE
-    system_nodes_min: int = 1
+    system_nodes_min: int = 2
     system_nodes_desired: int = 2
     system_nodes_max: int = 3
     # The ~20 GB CUDA serving image (the Ray head runs it) plus a second copy

@@ -153,6 +153,9 @@ def test_a_replica_restart_says_which_sides_a_surge_keeps_serving() -> None:
     assert "Deployed with `make upgrade`, prefill start" in said and "No room for a surge replica on decode" in said
     both = change_impact.interruption(restart, Settings(**RANGES))
     assert "prefill and decode start a surge replica" in both and "No room" not in both
+    assert "and so does the ingress" in both
+    one_system_node = change_impact.interruption(restart, Settings(**RANGES, system_nodes_min=1))
+    assert "the ingress restarts in place" in one_system_node and "so does the ingress" not in one_system_node
     new_model = change_impact.Classification(restart.findings, new_model=True)
     assert "no surge replica keeps them serving" in change_impact.interruption(new_model, Settings(**RANGES))
 

@@ -87,6 +87,27 @@ def test_with_ray_autoscaler_the_head_holds_its_container_and_the_ingress_stays_
         assert result.placed[name] and result.groups_of(name) == {system}, name
 
 
+def test_one_system_node_has_no_room_for_the_ingress_surge_pod_so_its_group_gets_none() -> None:
+    """The reason for system_nodes_min's default of 2 (settings/sizing/upgrade.py, INGRESS_SURGE_SYSTEM_NODES): on
+    one system node, with Ray's autoscaler, the ingress group at one pod more does not place; the stack then
+    gives the group no room for it, so `make upgrade` never waits on a pod that cannot land."""
+    one = {**SCALING, "system_nodes_min": 1}
+    template = synth(**one)
+    scaled = rayservice_from(template)
+    (ingress,) = [g for g in scaled["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == "ingress"]
+    assert ingress["maxReplicas"] == ingress["minReplicas"] == 1
+    ingress["replicas"] = 2
+    others = [w for w in workloads(template, "1.36") if w.source != "RayService"]
+    result = placement.place(
+        placement.nodes_from_template(template, "1.36"),
+        [*others, *placement.ray_workloads(scaled)],
+        DEVICE_PLUGIN_DAEMONSETS,
+    )
+    assert [f for f in result.failures if f.startswith(f"{SERVICE}/ingress replica 1 fits no node")], result.failures
+    groups = rayservice_from(synth(**SCALING))["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert [g["maxReplicas"] for g in groups if g["groupName"] == "ingress"] == [2], "two system nodes: room"
+
+
 BEFORE_135 = [v for v in KUBERNETES_VERSIONS if int(v.split(".")[1]) < 35]
 
 
@@ -204,7 +225,8 @@ ADDON_DAEMONSETS = ("DaemonSet/cloudwatch-agent", "DaemonSet/fluent-bit")
 
 @pytest.mark.parametrize("version", list(KUBERNETES_VERSIONS))
 def test_the_observability_addons_pods_land_and_fit_at_the_system_groups_minimum(version: str) -> None:
-    result = placed(kubernetes_version=version)
+    # The smallest minimum the settings take (the default is 2: room for the ingress's surge replica).
+    result = placed(kubernetes_version=version, system_nodes_min=1)
     assert result.failures == []
     every_node = {n.name for n in result.nodes}
     gpu_nodes = {n.name for n in result.nodes if n.labels.get("role") == "gpu-worker"}
@@ -259,7 +281,8 @@ def test_every_gpu_node_count_from_the_minimum_to_the_maximum_places(overrides: 
             covered.add(count)
             scaled = copy.deepcopy(rayservice)
             for group in scaled["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
-                group["replicas"] = {PREFILL: prefill, DECODE: decode}.get(group["groupName"], group["replicas"])
+                # The ingress group at its maximum: the surge replica's pod beside the ingress's own.
+                group["replicas"] = {PREFILL: prefill, DECODE: decode}.get(group["groupName"], group["maxReplicas"])
             nodes = placement.nodes_from_template(template, "1.36", sizes={gpu_group: count})
             result = placement.place(nodes, [*others, *placement.ray_workloads(scaled)], DEVICE_PLUGIN_DAEMONSETS)
             at = f"{prefill} prefill + {decode} decode on {count} GPU nodes"
@@ -270,4 +293,6 @@ def test_every_gpu_node_count_from_the_minimum_to_the_maximum_places(overrides: 
             assert sorted(prefills + decodes) == sorted(gpu_nodes), f"{at}: one Ray worker per GPU node"
             system = _group(result, "system")
             assert result.groups_of(f"{SERVICE}/head") == {system}, at
+            assert len(result.placed[f"{SERVICE}/ingress"]) == 2, f"{at}: the ingress and its surge replica"
+            assert result.groups_of(f"{SERVICE}/ingress") == {system}, at
     assert covered == set(range(low, high + 1))

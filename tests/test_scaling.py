@@ -237,6 +237,20 @@ def test_serve_runs_the_bounds_and_merges_no_1e9_target(local_ray: None) -> None
 
 @serve
 @one_ray
+def test_under_the_surge_serve_runs_one_ingress_replica_more_on_the_ingress_group(local_ray: None) -> None:
+    """`replica_surge` raises the ingress's count in the `deployments` list, over the builder's one: Serve runs
+    two, each asking for the ingress group's resource, and the surge's own engine minimums."""
+    deployed = deployed_rayservice(serve_doc_of(rayservice_from(synth(**SIDE_RANGES, replica_surge=True))))
+    (ingress,) = [i for n, i in deployed.items() if not n.startswith(("Prefill:", "Decode:"))]
+    assert ingress.deployment_config.num_replicas == 2 and ingress.deployment_config.autoscaling_config is None
+    assert ingress.replica_config.ray_actor_options["resources"] == {serve_config.INGRESS_GROUP: 1}
+    minimums = {n.split(":")[0]: i.deployment_config.autoscaling_config.min_replicas for n, i in deployed.items()
+                if n.startswith(("Prefill:", "Decode:"))}  # fmt: skip
+    assert minimums == {"Prefill": 2, "Decode": 2}
+
+
+@serve
+@one_ray
 def test_serve_keeps_fixed_sizes_fixed(rayservice: dict[str, Any], local_ray: None) -> None:
     for name, info in deployed_rayservice(serve_doc_of(rayservice)).items():
         config = info.deployment_config
@@ -302,7 +316,8 @@ def test_a_range_turns_on_the_in_tree_autoscaler_with_each_groups_bounds() -> No
     assert cluster["enableInTreeAutoscaling"] is True
     assert cluster["autoscalerOptions"]["idleTimeoutSeconds"] == 120
     bounds = {g["groupName"]: (g["replicas"], g["minReplicas"], g["maxReplicas"]) for g in cluster["workerGroupSpecs"]}
-    assert bounds == {"prefill": (1, 1, 2), "decode": (1, 1, 3), serve_config.INGRESS_GROUP: (1, 1, 1)}
+    # The ingress group one pod more: its surge replica's (serve_config/deployments.py, ingress_surge_room).
+    assert bounds == {"prefill": (1, 1, 2), "decode": (1, 1, 3), serve_config.INGRESS_GROUP: (1, 1, 2)}
     assert problems(doc) == []
     assert validation_errors(doc, shared_file(CRD)) == []
 
@@ -355,11 +370,12 @@ def test_a_pending_bundle_makes_rays_autoscaler_add_a_worker_of_exactly_its_grou
     existing = {g["groupName"]: g["minReplicas"] for g in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
     added, left = get_nodes_for(derived["available_node_types"], existing, "headgroup", 10, [bundle], scorer)
     assert dict(added) == {side: 1} and left == []
-    # And the ingress replica, pending, would get an ingress pod: never a GPU worker.
-    added, left = get_nodes_for(
-        derived["available_node_types"], {}, "headgroup", 10, [{"CPU": 1, serve_config.INGRESS_GROUP: 1}], scorer
-    )
-    assert dict(added) == {serve_config.INGRESS_GROUP: 1} and left == []
+    # And the ingress replica, pending, would get an ingress pod: never a GPU worker. With every group at its
+    # minimum, as under `make upgrade`'s surge, the ingress's surge replica gets its pod too (its group's maximum).
+    ingress_bundle = {"CPU": 1, serve_config.INGRESS_GROUP: 1}
+    for running in ({}, existing):
+        added, left = get_nodes_for(derived["available_node_types"], running, "headgroup", 10, [ingress_bundle], scorer)
+        assert dict(added) == {serve_config.INGRESS_GROUP: 1} and left == [], running
 
 
 def test_a_changed_bound_keeps_the_cluster_hash_and_anything_else_changes_it() -> None:

@@ -5,10 +5,11 @@ rehearsal's surge phase (rehearsal/surge.py), on a running app."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
-from serve_config.deployments import engine_deployment_name, serve_deployments
+from serve_config.deployments import engine_deployment_name, ingress_deployment_name, serve_deployments
 from settings import Settings
 from tools import upgrade
 
@@ -54,3 +55,40 @@ def test_rolled_over_needs_every_earlier_replica_gone_and_one_running() -> None:
     assert upgrade.rolled_over(
         before, {"Prefill:m": {"b": "RUNNING", "c": "STARTING"}, "ApiKeyIngress": {"j": "RUNNING"}}
     )
+
+
+def _answers(*states: dict[str, dict[str, str]]) -> Any:
+    """Serve's /api/serve/applications/ answers, one per call, the last repeated: the app DEPLOYING throughout."""
+    seen = list(states)
+
+    def live() -> dict[str, Any]:
+        replicas = seen.pop(0) if len(seen) > 1 else seen[0]
+        deployments = {
+            name: {"status": "UPDATING", "replicas": [{"replica_id": r, "state": s} for r, s in reps.items()]}
+            for name, reps in replicas.items()
+        }
+        return {"applications": {"llm": {"status": "DEPLOYING", "deployments": deployments}}}
+
+    return live
+
+
+def test_an_ingress_without_room_for_its_surge_replica_is_a_warning_not_a_failed_upgrade(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The engines rolled over; the ingress's surge replica never starts (no pod for it), so its old replica keeps
+    serving: the upgrade goes on to the deploy without the surge, saying so, rather than leaving the surge on."""
+    monkeypatch.setattr(upgrade, "POLL_S", 0.01)
+    monkeypatch.setattr(upgrade, "INGRESS_SURGE_WAIT_S", 0.2)
+    ingress, prefill = ingress_deployment_name(RANGES), engine_deployment_name(RANGES, "prefill")
+    before = {prefill: {"a": "RUNNING"}, ingress: {"i": "RUNNING"}}
+    stuck = {prefill: {"b": "RUNNING"}, ingress: {"i": "RUNNING", "j": "PENDING_ALLOCATION"}}
+    upgrade.wait_for_rollover(_answers(stuck), before, RANGES, budget=5)
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert "the ingress rolled over or healthy: not within" in line
+    # With room the ingress rolls over after the engines and nothing is said.
+    rolled = {prefill: {"b": "RUNNING"}, ingress: {"j": "RUNNING"}}
+    upgrade.wait_for_rollover(_answers(stuck, rolled), before, RANGES, budget=5)
+    assert "warning" not in capsys.readouterr().err
+    # Engines that never roll over are still an error: the budget is the engines'.
+    with pytest.raises(TimeoutError, match="every engine deployment"):
+        upgrade.wait_for_rollover(_answers(before), before, RANGES, budget=0.1)

@@ -224,7 +224,13 @@ def surge_advice(s: Settings, *, new_model: bool = False) -> str:
     if room:
         said.append(
             f"Deployed with `make upgrade`, {' and '.join(room)} start a surge replica first and keep serving "
-            "(one GPU replica more until the old one stops)."
+            "(one GPU replica more until the old one stops)"
+            + (
+                ", and so does the ingress (one ingress pod more)."
+                if sizing.ingress_surge_room(s)
+                else f"; the ingress restarts in place, its requests waiting in Serve's proxy for one ingress start "
+                f"(system_nodes_min {sizing.INGRESS_SURGE_SYSTEM_NODES} holds its surge replica)."
+            )
         )
     if none:
         said.append(

@@ -12,7 +12,8 @@ and only once it runs is an old one stopped. So:
    replica more than its minimum (settings/sizing/upgrade.py, surge_minimum).
 2. Wait until Serve has the raised minimum in force, then until no replica that served before the deploy
    is left and each deployment has one running (`rolled_over`), or, for a change Serve applied in place,
-   until every deployment is HEALTHY.
+   until every deployment is HEALTHY: the engines first, then the ingress, which runs one replica more
+   under the surge where its group has room (settings/sizing/upgrade.py, ingress_surge_room).
 3. `cdk deploy`: the minimum back down. A bound only: Serve applies it in place (serve_config/deployments.py).
 
 A side with no range is restarted as before: `make change-impact` and the synth warning say so.
@@ -30,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from serve_config import DASHBOARD_PORT
-from serve_config.deployments import engine_deployment_name, engines
+from serve_config.deployments import engine_deployment_name, engines, ingress_deployment_name
 from settings import Settings, sizing
 from settings.cli import cli_settings
 from tools.cluster_access import ClusterUnreachableError, http_json, port_forward, unreachable_message
@@ -39,6 +40,12 @@ CDK = "node_modules/.bin/cdk"
 POLL_S = 5.0
 # Each wait: an engine start where a new GPU node is needed (`make plan`'s scale-up budget) and again as much.
 WAIT_MARGIN = 2.0
+# The ingress's surge replica: a pod on a system node, which holds the image (the head's), then the ingress's
+# start (51 s on the loaded CPU rehearsal). Where its group has no room for that pod after all (a Ray cluster
+# built before the group's maximum was raised: docs/operations.md, "Scaling"), the replica never starts and
+# Serve keeps the old one serving (it stops none while the target is still missing one); the deploy without
+# the surge then restarts it as before, so the wait ends with a warning rather than an error.
+INGRESS_SURGE_WAIT_S = 600.0
 Replicas = dict[str, dict[str, str]]  # deployment name -> replica id -> state
 
 
@@ -88,6 +95,30 @@ def surged_minimums(settings: Settings) -> dict[str, int]:
     return {engine_deployment_name(settings, side): sizing.surge_minimum(surged, side) for side in sides}
 
 
+def wait_for_rollover(
+    live: Callable[[], Mapping[str, Any]], before: Replicas, settings: Settings, budget: float
+) -> None:
+    """Step 2's second wait: the engine deployments rolled over (or the app healthy), within the budget, then the
+    ingress, within INGRESS_SURGE_WAIT_S where it surges; an ingress that did not roll over is a warning."""
+    ingress = ingress_deployment_name(settings)
+    engines_before = {name: replicas for name, replicas in before.items() if name != ingress}
+    wait_for("every engine deployment rolled over or healthy",
+             lambda: rolled_over(engines_before, replicas_of(live())) or healthy(live()), budget)  # fmt: skip
+    if not sizing.ingress_surge_room(settings) or ingress not in before:
+        return
+    try:
+        wait_for("the ingress rolled over or healthy",
+                 lambda: rolled_over({ingress: before[ingress]}, replicas_of(live())) or healthy(live()),
+                 INGRESS_SURGE_WAIT_S)  # fmt: skip
+    except TimeoutError as err:
+        print(
+            f"warning: {err}: its surge replica found no ingress pod (see docs/operations.md, Scaling, for a "
+            "cluster built before its group had room); the deploy without the surge restarts it, requests "
+            "waiting in Serve's proxy for one ingress start",
+            file=sys.stderr,
+        )
+
+
 def wait_for(what: str, done: Callable[[], bool], timeout: float) -> None:
     began = time.monotonic()
     while not done():
@@ -131,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: all(minimums_in_force(live()).get(k) == v for k, v in surged.items()),
                 budget,
             )
-            wait_for("every deployment rolled over or healthy", lambda: rolled_over(before, replicas_of(live()))
-                     or healthy(live()), budget)  # fmt: skip
+            wait_for_rollover(live, before, settings, budget)
             _cdk_deploy(args.cdk, args.context)
     except ClusterUnreachableError as err:
         print(unreachable_message(settings, err), file=sys.stderr)

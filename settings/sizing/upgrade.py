@@ -95,6 +95,18 @@ def surge_room(s: Settings, side: str) -> bool:
     return high > low
 
 
+# The system nodes the ingress's surge pod needs (500m CPU, 4 GiB): beside the head, the operators and the
+# ingress, one m7i.xlarge keeps about 360m and 1 GiB free with Ray's autoscaler on (the placement proof,
+# tests/test_placement.py); a second node holds it.
+INGRESS_SURGE_SYSTEM_NODES = 2
+
+
+def ingress_surge_room(s: Settings) -> int:
+    """Ingress pods beyond the ingress's replicas that its group may grow to: one where Ray's autoscaler runs (it
+    starts the pod only while a replica waits for it) and the system group's minimum holds the pod, else none."""
+    return 1 if s.any_autoscaling and s.system_nodes_min >= INGRESS_SURGE_SYSTEM_NODES else 0
+
+
 def surge_minimum(s: Settings, side: str) -> int:
     """An engine deployment's minimum while `replica_surge` is on: one more where it has room."""
     low, _ = engine_bounds(s, side)
