@@ -100,7 +100,8 @@ def test_system_nodegroup(template: dict[str, Any]) -> None:
     group = _nodegroup(template, "system")
     assert group["InstanceTypes"] == ["m7i.xlarge"]
     assert group["AmiType"] == "AL2023_x86_64_STANDARD"
-    assert group["ScalingConfig"] == {"MinSize": 1, "DesiredSize": 2, "MaxSize": 3}
+    # Two at the least: the second holds the ingress's surge pod (sizing.INGRESS_SURGE_SYSTEM_NODES).
+    assert group["ScalingConfig"] == {"MinSize": 2, "DesiredSize": 2, "MaxSize": 3}
     assert "Taints" not in group
 
 
