@@ -121,13 +121,21 @@ def _lowered_in_place(live: dict[str, Any], engines: list[str], ingress: str, ne
     )
 
 
-def _without_a_running_replica(timeline: Timeline) -> list[float]:
-    """The moments (s) the timeline saw no RUNNING replica."""
+def without_a_running_replica(timeline: Timeline) -> list[int]:
+    """The moments (s) Serve listed the deployment's replicas and none was RUNNING: a stop-first restart shows
+    its old replica STOPPING or its new one STARTING alone. A sample that lists none is left out: while Serve
+    builds the app anew after the PUT (about 40 s), its answer lists no deployment, and the old replicas go on
+    serving meanwhile (the clients' requests say so)."""
     return [
         round(moment)
         for moment, replicas in timeline.seen
-        if not any(state == "RUNNING" for state, _ in replicas.values())
+        if replicas and not any(state == "RUNNING" for state, _ in replicas.values())
     ]
+
+
+def unlisted(timeline: Timeline) -> int:
+    """The samples in which Serve listed no replica of the deployment."""
+    return sum(1 for _, replicas in timeline.seen if not replicas)
 
 
 def surge_check(ctx: Context) -> list[Any]:
@@ -192,7 +200,7 @@ def surge_check(ctx: Context) -> list[Any]:
     # Without its surge replica the ingress's one replica stopped before the new one started, and requests waited
     # in Serve's proxy meanwhile: 63 s for the slowest in CI. The slowest request served shows any such wait.
     slowest = max((o.ended - o.started for o in served), default=0.0)
-    ingress_gaps = _without_a_running_replica(timelines["ingress"])
+    ingress_gaps = without_a_running_replica(timelines["ingress"])
     # Every prefill engine of the case: node A's first, node C's from the scaling phase, and the surge's on node C
     # again, where Ray alone would give the name of the one that stopped there (vllm#49238).
     names = prefill_names(ctx.temp_dir)
@@ -226,7 +234,8 @@ def surge_check(ctx: Context) -> list[Any]:
             "surge: the ingress kept a RUNNING replica throughout: its surge replica started first",
             bool(timelines["ingress"].seen) and not ingress_gaps,
             f"ingress {', '.join(timelines['ingress'].changes())}; "
-            f"no RUNNING replica at t (s) {ingress_gaps or 'never'}; "
+            f"no RUNNING replica at t (s) {ingress_gaps or 'never'} ({unlisted(timelines['ingress'])} samples "
+            "listed none: Serve building the app anew); "
             f"the slowest request served took {slowest:.1f} s",
         ),
         Check(

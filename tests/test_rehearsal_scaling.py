@@ -102,6 +102,24 @@ def test_the_timeline_lists_each_change_of_the_replica_counts() -> None:
     assert timeline.nodes_of() == {"a": "10.99.0.1", "b": "10.99.1.2"}
 
 
+def test_the_surge_phase_counts_a_stop_first_restart_and_not_serve_listing_nothing() -> None:
+    """Stop-first shows the old replica STOPPING, then the new one STARTING, none RUNNING: each such sample is a
+    gap. While Serve builds the app anew its answer lists no deployment (seen in CI: about 40 s after the PUT,
+    every request served meanwhile): unknown, not a gap."""
+    timeline = scaling.Timeline(ctx=None, deployment="ApiKeyIngress")  # type: ignore[arg-type]
+    running, node = "RUNNING", "10.99.0.1"
+    timeline.seen = [
+        (0.0, {"a": (running, node)}),
+        (4.0, {}),
+        (40.0, {"a": (running, node), "b": ("STARTING", node)}),
+        (90.0, {"a": ("STOPPING", node)}),
+        (92.0, {"b": ("STARTING", node)}),
+        (140.0, {"b": (running, node)}),
+    ]
+    assert surge.without_a_running_replica(timeline) == [90, 92]
+    assert surge.unlisted(timeline) == 1
+
+
 def test_each_prefill_engine_start_is_read_once_and_a_reused_name_shows(tmp_path: Path) -> None:
     """One entry per replica (its Serve log), though the line also stands in the worker's .err."""
     serve_logs = tmp_path / "session_latest" / "logs" / "serve"
