@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from rehearsal import cases, streams
+from rehearsal.head_loss import WITHOUT_STORE_QUIET_S, stopped_answering
 
 
 def test_a_complete_stream_an_error_and_a_silent_cut_are_told_apart() -> None:
@@ -28,6 +29,26 @@ def test_a_complete_stream_an_error_and_a_silent_cut_are_told_apart() -> None:
     # The failure a client cannot tell from a finished answer.
     assert streams.Outcome(0.0, status=200, chunks=5).kind == "cut"
     assert streams.Outcome(0.0, status=200, chunks=5).label() == "200 cut after 5 chunks, no error"
+
+
+def _ended(kind: str, ended: float) -> streams.Outcome:
+    if kind == "ok":
+        return streams.Outcome(ended - 3.0, status=200, chunks=5, done=True, ended=ended)
+    return streams.Outcome(ended - 0.1, status=None, error="ConnectionRefusedError", ended=ended)
+
+
+def test_the_endpoint_counts_as_stopped_only_after_a_quiet_stretch_with_a_failure_in_it() -> None:
+    back = 100.0
+    # Still answering 17 s after the head came back (as CI once saw): not stopped, however long since the restart.
+    answering = [_ended("ok", back + t) for t in (2.0, 9.0, 17.0)]
+    assert stopped_answering(answering, back, back + 17.0 + WITHOUT_STORE_QUIET_S - 1) is None
+    # Quiet long enough after the last completed request, and a request failed in that time.
+    after = [*answering, _ended("error", back + 20.0)]
+    assert stopped_answering(after, back, back + 17.0 + WITHOUT_STORE_QUIET_S) == 17.0
+    # Quiet with nothing failed is a slow endpoint, not a stopped one.
+    assert stopped_answering(answering, back, back + 60.0) is None
+    # Refused from the restart on: stopped at once.
+    assert stopped_answering([_ended("error", back + 1.0)], back, back + WITHOUT_STORE_QUIET_S) == 0.0
 
 
 @pytest.fixture
