@@ -30,6 +30,7 @@ from rehearsal import (
     node_loss,
     readiness,
     scaling,
+    selective,
     surge,
     sustained_load,
 )
@@ -99,6 +100,9 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
         checks.prewarm_probe,
         keys.key_checks,
         checks.verify_checks,
+        # Before the names: its requests make the route counter's and the prefix-cache hits' series. It leaves
+        # the threshold at the product's default, 0, as it found it.
+        selective.selective_check,
         metric_names.names_check,
         bad_requests.bad_requests_check,
         burst.burst_check,

@@ -20,6 +20,10 @@ from serve_config import DECODE, PREFILL, data_file
 from serve_config.endpoint_keys import API_KEY_INGRESS
 from settings import Settings, sizing
 
+# The key of decode's user_config that ray_pods/selective_pd.py reads (THRESHOLD_KEY there; a test keeps them equal).
+LOCAL_PREFILL_KEY = "local_prefill_max_tokens"
+# A request's override of that choice, `split` or `local` (ROUTE_HEADER there; the same test).
+PREFILL_ROUTE_HEADER = "x-pd-prefill"
 # Past a deployment's queue bound Serve answers this (503 or 429, serve/config.py BackpressureConfig);
 # 429 is the key rate limit's (ray_pods/api_keys.py): 503 says the service, not the caller, is full.
 BACKPRESSURE_STATUS = 503
@@ -106,6 +110,10 @@ def engine_options(settings: Settings, side: str) -> dict[str, Any]:
     wait, timeout = sizing.graceful_shutdown(settings, side)
     if side == PREFILL:
         options["graceful_shutdown_wait_loop_s"] = wait
+    if side == DECODE:
+        # Which requests decode prefills itself (ray_pods/selective_pd.py): Serve hands a user_config to the
+        # running replicas' reconfigure (NeedsReconfigure), so a new threshold restarts no engine.
+        options["user_config"] = {LOCAL_PREFILL_KEY: settings.local_prefill_max_tokens}
     options["graceful_shutdown_timeout_s"] = timeout
     return options
 

@@ -235,6 +235,10 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         'or `aggregated`: the same GPU nodes, `prefill_replicas + decode_replicas` replicas that each prefill and decode, no KV transfer; for comparing (see "Should I disaggregate?")',
         f"one of {_listed(SERVING_MODES)}",
     ),
+    "local_prefill_max_tokens": SettingDoc(
+        "decode prefills a request itself when its prompt has at most this many tokens (the model's tokenizer, the chat template applied), and sends longer ones through the prefill side; a request's `x-pd-prefill: split` or `local` header overrides it. Changed in place, without restarting an engine (see \"Which requests are split\"). 0 splits every request",
+        "0 to `max_model_len`; 0 with `serving_mode` `aggregated`",
+    ),
     "ray_image": SettingDoc(
         "AWS Ray LLM DLC (Ray 2.58.0, vLLM 0.26.0, EFA). Another image must run Ray 2.58.0, the version the serve config is validated against (`IMAGE_RAY_VERSION` in `settings/catalog.py`, pinned again in `requirements-serve.lock`; a test keeps them equal), and carry the EFA installer's libfabric",
         "`registry/repository:tag` or `registry/repository@sha256:<digest>`",
@@ -289,7 +293,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "an ACM certificate ARN; only with `internal_endpoint_cidrs`",
     ),
     "observability": SettingDoc(
-        'the CloudWatch observability add-on, the managed Prometheus workspace and collector, the alarms and the dashboard (see "Watching it"); about $86 a month on the defaults, under 3% of the stack',
+        'the CloudWatch observability add-on, the managed Prometheus workspace and collector, the alarms and the dashboard (see "Watching it"); about $88 a month on the defaults, under 3% of the stack',
         _BOOL,
     ),
     "observability_scrape_interval_seconds": SettingDoc(

@@ -105,15 +105,15 @@ def cost_summary(s: Settings) -> str:
 
 
 # --- Observability, per month ---------------------------------------------
-# Series the Ray pods export, measured: the pd rehearsal's scrape of both nodes on 2026-12-01
-# (tests/data/observability_scrape_*.prom.gz). Node B, one decode worker: 1154, of them 365 vLLM's
+# Series the Ray pods export, measured: the pd rehearsal's scrape of both nodes on 2026-12-04
+# (tests/data/observability_scrape_*.prom.gz). Node B, one decode worker: 1231, of them 367 vLLM's
 # engine series (`ray_vllm_*`). Node A, one Ray node holding the head, the ingress replica and a
-# prefill worker: 2561. On EKS each of those is a pod of its own, and every pod is a Ray node the
+# prefill worker: 2564. On EKS each of those is a pod of its own, and every pod is a Ray node the
 # collector scrapes: each exports its own raylet, agent and worker series.
-RAY_SERIES_PER_ENGINE_POD = 1154
-RAY_ENGINE_SERIES = 365
+RAY_SERIES_PER_ENGINE_POD = 1231
+RAY_ENGINE_SERIES = 367
 # Node A beyond one worker: the head's GCS and Serve controller, and the ingress replica's own series.
-RAY_SERIES_HEAD = 2561 - RAY_SERIES_PER_ENGINE_POD
+RAY_SERIES_HEAD = 2564 - RAY_SERIES_PER_ENGINE_POD
 # The ingress pod: a Ray node without an engine (estimated from node B, not measured on its own).
 RAY_SERIES_PER_INGRESS_POD = RAY_SERIES_PER_ENGINE_POD - RAY_ENGINE_SERIES
 # Amazon Managed Service for Prometheus pricing, us-east-1: ingestion, first 2 billion samples a
@@ -255,6 +255,18 @@ def plan_table(s: Settings) -> str:
         )
         reasons.append(f"  {tokens}: {verdict}: {why}")
     rows += reasons
+    if s.serving_mode != "aggregated":
+        rows.append(
+            "Which requests are split (local_prefill_max_tokens): "
+            + (
+                f"prompts of at most {s.local_prefill_max_tokens} tokens prefill on decode, longer ones go through "
+                "prefill"
+                if s.local_prefill_max_tokens
+                else "every one (0)"
+            )
+            + f"; the guidance above: splitting pays only from {sizing.MIN_PROMPT_TOKENS_THAT_PAY} tokens "
+            '(docs/architecture.md, "Which requests are split")'
+        )
     start = sizing.cold_start(s)
     source = s.model_source or s.model_id
     rows.append(

@@ -121,6 +121,12 @@ SERVE_CHANGES: dict[str, tuple[Pair, Impact, str]] = {
     # as a fixed size its way back would change the code version, as "fixed to a range" does.
     "surge on": (lambda: (synth(**RANGES), synth(**RANGES, replica_surge=True)), Impact.IN_PLACE, "without a restart"),
     "surge off": (lambda: (synth(**RANGES, replica_surge=True), synth(**RANGES)), Impact.IN_PLACE, "without a restart"),
+    # Decode's user_config: Serve calls the running replicas' reconfigure (ray_pods/selective_pd.py).
+    "local prefill threshold": (
+        lambda: (synth(), synth(local_prefill_max_tokens=4096)),
+        Impact.IN_PLACE,
+        "`Decode:Qwen--Qwen3-8B`: new options, applied without a restart",
+    ),
     "autoscaling policy": (
         lambda: (
             _edit_deployment(synth(), "Decode:", **RANGE),

@@ -256,16 +256,16 @@ def test_the_outputs_name_the_dashboard_the_workspace_and_the_import_command() -
 
 def test_the_monthly_estimate_counts_the_measured_series_at_the_interval() -> None:
     s = validate(Settings())
-    # The head's 1407, the ingress pod's 789 and 1154 per engine pod (tests/test_estimates.py derives them
+    # The head's 1333, the ingress pod's 864 and 1231 per engine pod (tests/test_estimates.py derives them
     # from the recorded pd scrape and the RayService's pods), every 30 s for 730 h.
-    assert ray_series(s) == 4504
+    assert ray_series(s) == 4659
     lines = {line.item: (line.per_hour or 0) * HOURS_PER_MONTH for line in observability_monthly_cost(s)}
     (ingestion,) = [cost for item, cost in lines.items() if item.startswith("managed Prometheus ingestion")]
-    assert ingestion == pytest.approx(4504 * 730 * 3600 / 30 / 1e7 * 0.90)
+    assert ingestion == pytest.approx(4659 * 730 * 3600 / 30 / 1e7 * 0.90)
     slower = validate(Settings(observability_scrape_interval_seconds=60))
     assert sum(line.per_hour or 0 for line in observability_monthly_cost(slower)) < sum(lines.values()) / 730
     assert observability_monthly_cost(validate(Settings(observability=False))) == []
-    assert synth()["Outputs"]["EstimatedObservabilityPerMonth"]["Value"].startswith("observability ~$86/month")
+    assert synth()["Outputs"]["EstimatedObservabilityPerMonth"]["Value"].startswith("observability ~$88/month")
 
 
 def test_cfn_lint_is_clean_with_the_email_and_another_interval_and_with_observability_off() -> None:

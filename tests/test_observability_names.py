@@ -36,7 +36,7 @@ from tools.verify_observability import (
     scrape_names,
 )
 
-# Recorded from the pd case on 2026-12-01 (rehearsal/metric_names.py wrote them; gzip only):
+# Recorded from the pd case on 2026-12-04 (rehearsal/metric_names.py wrote them; gzip only):
 # node A runs the Ray head and prefill, node B decode.
 # The installed packages the names are cited from (vLLM 0.26.0, Ray 2.58.0).
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -278,8 +278,13 @@ def test_aggregated_mode_does_not_ask_for_the_kv_panels() -> None:
 def _phase(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, texts: list[str]) -> list[Check]:
     by_url = {PREFILL_METRICS: texts[0], DECODE_METRICS: texts[1]}
     monkeypatch.setattr(metric_names, "metrics_text", lambda url: by_url[url])
-    ctx = type("Ctx", (), {"results": tmp_path, "metrics": {}})()
+    # The phase's own request goes to the rehearsal's endpoint; here the scrape is the recorded one.
+    sent: list[str] = []
+    monkeypatch.setattr(metric_names, "chat_check", lambda base, model, api_key: sent.append(model))
+    monkeypatch.setattr(metric_names, "SCRAPE_WAIT_S", 0.0)
+    ctx = type("Ctx", (), {"results": tmp_path, "metrics": {}, "serve": "", "model_id": "m", "api_key": None})()
     checks: list[Check] = metric_names.names_check(ctx)
+    assert sent == ["m"]
     return checks
 
 

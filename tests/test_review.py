@@ -58,7 +58,7 @@ def test_a_serve_setting_change_is_a_small_line_diff() -> None:
 def test_serve_config_is_shown_as_yaml_not_a_json_string() -> None:
     text = review.KUBERNETES.read_text()
     assert "serveConfigV2: |" in text
-    assert "import_path: ray.serve.llm:build_pd_openai_app" in text
+    assert "import_path: ray_pods.selective_pd:build_pd_openai_app" in text
 
 
 def test_stateful_logical_ids_are_unchanged(template: dict[str, Any]) -> None:

@@ -42,7 +42,8 @@ def _args(rayservice: dict[str, Any]) -> dict[str, Any]:
 
 def test_application_runs_build_pd_openai_app(rayservice: dict[str, Any]) -> None:
     (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
-    assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
+    # Ray's builder with the product's decode class (ray_pods/selective_pd.py, tests/test_selective_pd.py).
+    assert app["import_path"] == "ray_pods.selective_pd:build_pd_openai_app"
     assert set(app["args"]) == {"prefill_config", "decode_config", "ingress_cls_config", "ingress_deployment_config"}
     # The product's ingress on the defaults too, keys off: its deadline and cut-stream guard hold there.
     assert app["args"]["ingress_cls_config"]["ingress_cls"] == "ray_pods.api_keys:ApiKeyIngress"
@@ -241,7 +242,7 @@ def test_serve_config_v2_passes_serve_deploy_schema(rayservice: dict[str, Any]) 
     from ray.serve.schema import ServeDeploySchema
 
     schema = ServeDeploySchema.model_validate(yaml.safe_load(rayservice["spec"]["serveConfigV2"]))
-    assert schema.applications[0].import_path == "ray.serve.llm:build_pd_openai_app"
+    assert schema.applications[0].import_path == "ray_pods.selective_pd:build_pd_openai_app"
 
 
 @serve
@@ -256,10 +257,12 @@ def test_serve_deploy_schema_rejects_a_misspelled_field(rayservice: dict[str, An
 
 
 def _deployments(args: dict[str, Any]) -> dict[str, Any]:
+    from ray._common.utils import import_attr
     from ray.serve._private.build_app import build_app
-    from ray.serve.llm import build_pd_openai_app
 
-    built = build_app(build_pd_openai_app(args), name="llm")
+    # The builder the serve config names, as Serve's build task imports it.
+    builder = import_attr(application.application_data()["application"]["import_path"])
+    built = build_app(builder(args), name="llm")
     return {d.name: d for d in built.deployments}
 
 

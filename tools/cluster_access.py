@@ -297,16 +297,24 @@ class _Forward:
         self.proc.wait(timeout=10)
 
 
-def _request(url: str, body: dict[str, Any] | None, api_key: str | None) -> urllib.request.Request:
+def _request(
+    url: str, body: dict[str, Any] | None, api_key: str | None, extra: dict[str, str] | None = None
+) -> urllib.request.Request:
     data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(extra or {})}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     return urllib.request.Request(url, data=data, headers=headers)  # noqa: S310 - a local port-forward
 
 
-def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 300, api_key: str | None = None) -> Any:
-    with urllib.request.urlopen(_request(url, body, api_key), timeout=timeout) as response:  # noqa: S310
+def http_json(
+    url: str,
+    body: dict[str, Any] | None = None,
+    timeout: float = 300,
+    api_key: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    with urllib.request.urlopen(_request(url, body, api_key, headers), timeout=timeout) as response:  # noqa: S310
         return json.loads(response.read())
 
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, ingress_service_name
+from serve_config.deployments import PREFILL_ROUTE_HEADER
 from serve_config.pod_templates import worker_resources
 from settings import Settings
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
@@ -218,6 +219,9 @@ def chat_check(base: str, model_id: str, api_key: str | None = None) -> Check:
         f"{base}/v1/chat/completions",
         {"model": model_id, "messages": [{"role": "user", "content": prompt}], "max_tokens": 32},
         api_key=api_key,
+        # verify checks the KV path, so it asks for it whatever local_prefill_max_tokens is (docs/architecture.md,
+        # "Which requests are split"); aggregated mode's ingress passes the header on and nothing reads it.
+        headers={PREFILL_ROUTE_HEADER: "split"},
     )
     text = body["choices"][0]["message"]["content"]
     return Check("POST /v1/chat/completions", bool(text), f"{len(text)} characters back")
