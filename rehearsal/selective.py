@@ -3,11 +3,12 @@
 The pd case deploys with the product's default threshold, 0 (every request split), which every other phase
 relies on. This phase sets a threshold as the product synthesizes it (decode's user_config in `deployments`),
 PUT to the running app as KubeRay does: Serve must apply it through the running decode replica's `reconfigure`,
-with no replica restarted. Then, one request at a time, read from the engines' own counters (prefill's
-vllm:prompt_tokens, decode's NIXL transfers): a short prompt moves no KV and prefill never sees it; a long one
-goes through prefill and moves KV; a short one with `x-pd-prefill: split` does too. Last, the threshold goes
-back to 0 the same way, so that the phases after this one see the app as deployed. Decode's log says how long
-counting each prompt took.
+with no replica restarted. Then three requests at once, read from the engines' own counters (decode's NIXL
+transfers, prefill's vllm:prompt_tokens) after one quiet export: a short prompt, a long one, and another long one
+sent with `x-pd-prefill: local`; only the long one may move KV or reach prefill. Decode's route counter must count
+each by where and why, and the long prompt sent again must hit both sides' prefix caches. Last, the threshold
+goes back to 0 the same way, so that the phases after this one see the app as deployed. Decode's log says how
+long counting each prompt took.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ import re
 import statistics
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from rehearsal.cluster import ray_logs
 from rehearsal.context import Context
@@ -28,19 +32,24 @@ from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, http, metrics_tex
 from serve_config.deployments import LOCAL_PREFILL_KEY, PREFILL_ROUTE_HEADER, deployment_name_of, options_of
 from tools.checks import Check
 from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, metric_total
-from tools.polling import poll_until_grown, settled
+from tools.polling import poll, settled
 from tools.upgrade import replicas_of
 
 # Far above the short prompt's tokens with the chat template, far below the long one's.
 THRESHOLD = 64
 SHORT_PROMPT = "Count slowly."
 # One token a word at least (tokenizers split on spaces first): 200 words are more than THRESHOLD tokens.
-LONG_PROMPT = "Please count the apples in this long basket. " * 25
+LONG_WORDS = 200
+LONG_PROMPT = "Please count the apples in this long basket. " * (LONG_WORDS // 8)
+# As long, and different from its first word on: no prefix shared with LONG_PROMPT.
+OTHER_LONG_PROMPT = "Weigh every pear on that heavy crate slowly. " * (LONG_WORDS // 8)
 MAX_TOKENS = 4
 APPLY_TIMEOUT_S = 120.0
 POLL_S = 2.0
 # vLLM's prefix-cache hits in tokens (vllm:prefix_cache_hits), as Ray's exporter names it.
 PREFIX_CACHE_HITS = "ray_vllm_prefix_cache_hits_total"
+# ray_pods/selective_pd.py's REQUESTS_METRIC, as Ray's exporter names a counter.
+ROUTES_SERIES = "ray_pd_prefill_requests_total"
 ROUTE_LINE = re.compile(r"prefill (local|split) \(([^)]*)\): (\S+) prompt tokens, counted in ([0-9.]+) ms")
 
 
@@ -121,64 +130,64 @@ def _replicas(ctx: Context) -> dict[str, dict[str, str]]:
     return replicas_of(live)
 
 
-@dataclass(frozen=True)
-class Step:
-    """One request: its HTTP status, and what the counters added."""
-
-    status: int
-    transfers: float
-    prefill_prompt_tokens: float
-    prefill_hits: float
-    decode_hits: float
-
-    def __str__(self) -> str:
-        return (
-            f"HTTP {self.status}, {self.transfers:g} NIXL transfers, prefill prompt tokens "
-            f"+{self.prefill_prompt_tokens:g}, prefix-cache hits prefill +{self.prefill_hits:g}, "
-            f"decode +{self.decode_hits:g}"
-        )
+def _routes(text: str) -> dict[tuple[str, str], float]:
+    """Decode's route counter by (prefill, reason), from its node's scrape."""
+    found: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == ROUTES_SERIES:
+                key = (sample.labels.get("prefill", ""), sample.labels.get("reason", ""))
+                found[key] = found.get(key, 0.0) + sample.value
+    return found
 
 
-def _step(
-    ctx: Context, before: Counters, prompt: str, *, split: bool, headers: dict[str, str] | None = None
-) -> tuple[Step, Counters]:
-    """One request; what it added to the counters, and the counters after it (the next step's before)."""
-    status = _chat(ctx, prompt, headers)
-    if split:
-        # Wait for Ray's export to show its transfer before waiting for the counters to hold still.
-        poll_until_grown(
-            lambda: NixlSnapshot.of(metrics_text(DECODE_METRICS)), NixlSnapshot(before.transfers, 0.0, 0.0)
-        )
-    after = _counters()
-    added = Step(
-        status,
-        after.transfers - before.transfers,
-        after.prefill_prompt_tokens - before.prefill_prompt_tokens,
-        after.prefill_hits - before.prefill_hits,
-        after.decode_hits - before.decode_hits,
+def _grown(before: Counters, *, transfers: float, prompt_tokens: float) -> Counters:
+    """The counters once Ray's export shows at least this much growth, then holds still for one export."""
+    poll(
+        _read,
+        lambda now: (
+            now.transfers >= before.transfers + transfers
+            and now.prefill_prompt_tokens >= before.prefill_prompt_tokens + prompt_tokens
+        ),
     )
-    return added, after
+    return _counters()
 
 
 def selective_check(ctx: Context) -> list[Any]:
-    """A threshold set in place; a short prompt prefilled on decode, a long one and a forced one split."""
+    """A threshold set in place; a short prompt prefilled on decode, a long one split, a long one kept local by the
+    header, and the long one again found in both prefix caches. The first three go at once: one quiet window after
+    them shows that only the long one moved KV."""
     if ctx.aggregated:
         return []
     before = _replicas(ctx)
     applied_s, after = _apply(ctx, _with_threshold(ctx, THRESHOLD))
-    counters = _counters()
-    short, counters = _step(ctx, counters, SHORT_PROMPT, split=False)
-    long, counters = _step(ctx, counters, LONG_PROMPT, split=True)
-    forced, counters = _step(ctx, counters, SHORT_PROMPT, split=True, headers={PREFILL_ROUTE_HEADER: "split"})
+    routes_before = _routes(metrics_text(DECODE_METRICS))
+    start = _counters()
+    with ThreadPoolExecutor(3) as pool:
+        sent = [
+            pool.submit(_chat, ctx, SHORT_PROMPT),
+            pool.submit(_chat, ctx, LONG_PROMPT),
+            pool.submit(_chat, ctx, OTHER_LONG_PROMPT, {PREFILL_ROUTE_HEADER: "local"}),
+        ]
+        statuses = [future.result() for future in sent]
+    # The long prompt's tokens as prefill counts them: the lower bound is the words (one token each at least).
+    first = _grown(start, transfers=1, prompt_tokens=LONG_WORDS)
     # The long prompt again: prefill finds it in its prefix cache, and so does decode, which holds the blocks it
     # pulled the first time (vLLM's NixlConnector pulls only the blocks decode lacks).
-    again, counters = _step(ctx, counters, LONG_PROMPT, split=True)
+    statuses.append(_chat(ctx, LONG_PROMPT))
+    again = poll(_read, lambda now: now.prefill_hits > first.prefill_hits and now.decode_hits > first.decode_hits)
+    wanted = {("local", "short prompt"): 1.0, ("local", "header"): 1.0, ("split", "long prompt"): 2.0}
+    routes = poll(
+        lambda: _routes(metrics_text(DECODE_METRICS)),
+        lambda now: all(now.get(k, 0.0) - routes_before.get(k, 0.0) >= n for k, n in wanted.items()),
+    )
+    added = {k: routes.get(k, 0.0) - routes_before.get(k, 0.0) for k in sorted({*routes, *routes_before})}
     restored_s, restored = _apply(ctx, ctx.config)
     # A replica's line may be in its log file and in its worker's output both: each line once.
     lines = dict.fromkeys(line for line in ray_logs(ctx.temp_dir).splitlines() if ROUTE_LINE.search(line))
-    routes = [match.groups() for line in lines if (match := ROUTE_LINE.search(line))]
-    counted_ms = [float(ms) for route, reason, _, ms in routes if reason in ("short prompt", "long prompt")]
-    tokens = {reason: count for _, reason, count, _ in routes}
+    logged = [match.groups() for line in lines if (match := ROUTE_LINE.search(line))]
+    counted_ms = [float(ms) for _, reason, _, ms in logged if reason in ("short prompt", "long prompt")]
+    tokens = {reason: count for _, reason, count, _ in logged}
     ctx.metrics.update(
         {
             "selective_applied_s": applied_s,
@@ -186,11 +195,16 @@ def selective_check(ctx: Context) -> list[Any]:
             "selective_count_ms_max": max(counted_ms) if counted_ms else None,
         }
     )
+    moved = first.transfers - start.transfers
+    prompt_tokens = first.prefill_prompt_tokens - start.prefill_prompt_tokens
     ctx.log_lines.append(
-        f"local_prefill_max_tokens {THRESHOLD} applied in {applied_s} s, back to 0 in {restored_s} s; short: {short}; "
-        f"long: {long}; short with x-pd-prefill: split: {forced}; long again: {again}; tokens counted {tokens}; "
-        f"counting took {counted_ms} ms"
+        f"local_prefill_max_tokens {THRESHOLD} applied in {applied_s} s, back to 0 in {restored_s} s; HTTP {statuses}; "
+        f"short, long and long with x-pd-prefill: local at once: {moved:g} NIXL transfers, prefill prompt tokens "
+        f"+{prompt_tokens:g}; the long again: prefix-cache hits prefill {first.prefill_hits:g} -> "
+        f"{again.prefill_hits:g}, decode {first.decode_hits:g} -> {again.decode_hits:g}; routes added {added}; "
+        f"tokens counted {tokens}; counting took {counted_ms} ms"
     )
+    long_tokens = float(tokens.get("long prompt", "0"))
     return [
         Check(
             "selective prefill: a new threshold reaches decode in place, no replica restarted",
@@ -198,23 +212,21 @@ def selective_check(ctx: Context) -> list[Any]:
             f"applied in {applied_s} s, undone in {restored_s} s; replicas before {before}, after {after}",
         ),
         Check(
-            "selective prefill: a short prompt is prefilled on decode, moving no KV",
-            short.status == 200 and short.transfers == 0 and short.prefill_prompt_tokens == 0,
-            f"{tokens.get('short prompt')} tokens at a threshold of {THRESHOLD}: {short}",
+            "selective prefill: a short prompt and a long one sent with x-pd-prefill: local move no KV, "
+            "a long one moves it through prefill",
+            statuses[:3] == [200, 200, 200] and moved == 1 and prompt_tokens == long_tokens > THRESHOLD,
+            f"{tokens.get('short prompt')} and {long_tokens:g} tokens at a threshold of {THRESHOLD}, sent at once: "
+            f"HTTP {statuses[:3]}, {moved:g} NIXL transfers, prefill prompt tokens +{prompt_tokens:g}",
         ),
         Check(
-            "selective prefill: a long prompt goes through prefill, moving KV",
-            long.status == 200 and long.transfers >= 1 and long.prefill_prompt_tokens > THRESHOLD,
-            f"{tokens.get('long prompt')} tokens: {long}",
-        ),
-        Check(
-            "selective prefill: x-pd-prefill: split sends a short prompt through prefill",
-            forced.status == 200 and forced.transfers >= 1 and forced.prefill_prompt_tokens > 0,
-            str(forced),
+            "selective prefill: decode counts each request by where it was prefilled and why",
+            all(added.get(k, 0.0) == n for k, n in wanted.items()),
+            f"ray_pd_prefill_requests_total added {added}",
         ),
         Check(
             "selective prefill: a long prompt sent again hits the prefix cache on both sides",
-            again.status == 200 and again.prefill_hits > 0 and again.decode_hits > 0,
-            str(again),
+            statuses[3] == 200 and again.prefill_hits > first.prefill_hits and again.decode_hits > first.decode_hits,
+            f"HTTP {statuses[3]}; hits (tokens) prefill {first.prefill_hits:g} -> {again.prefill_hits:g}, "
+            f"decode {first.decode_hits:g} -> {again.decode_hits:g}",
         ),
     ]
