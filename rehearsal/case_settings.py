@@ -14,7 +14,11 @@ from rehearsal.keys import KEY_SETTINGS
 # The serving cases also size Serve's admission bounds for requests of 1,024 tokens, as a user whose
 # requests are that short would (settings typical_request_tokens): the default 2,048 admits 13 at decode
 # on the product's GPU, and the disconnects phase holds 20 streams at once.
-SERVING_SETTINGS = {**KEY_SETTINGS, "typical_request_tokens": "1024"}
+# They also split every request (local_prefill_max_tokens 0, as a user who wants every prompt through prefill sets
+# it): their checks, bench and faults measure the KV path with the tiny model's short prompts, which the product's
+# default threshold (4,096 tokens) would prefill on decode. The pd case's selective phase sets a threshold in
+# place and back; the head-loss case keeps the default.
+SERVING_SETTINGS = {**KEY_SETTINGS, "typical_request_tokens": "1024", "local_prefill_max_tokens": "0"}
 # The scaling case: a range on prefill, as a user sets it (README "Scaling": prefill aims at 1 or 2), and one on
 # decode whose target the case's load never reaches (6 clients, 8 a replica): decode's room for the surge
 # replica (rehearsal/surge.py), while only prefill scales with traffic.

@@ -101,7 +101,7 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
         keys.key_checks,
         checks.verify_checks,
         # Before the names: its requests make the route counter's and the prefix-cache hits' series. It leaves
-        # the threshold at the product's default, 0, as it found it.
+        # the threshold at the case's 0 (every request split), as it found it.
         selective.selective_check,
         metric_names.names_check,
         bad_requests.bad_requests_check,

@@ -113,7 +113,7 @@ def engine_options(settings: Settings, side: str) -> dict[str, Any]:
     if side == DECODE:
         # Which requests decode prefills itself (ray_pods/selective_pd.py): Serve hands a user_config to the
         # running replicas' reconfigure (NeedsReconfigure), so a new threshold restarts no engine.
-        options["user_config"] = {LOCAL_PREFILL_KEY: settings.local_prefill_max_tokens}
+        options["user_config"] = {LOCAL_PREFILL_KEY: sizing.local_prefill_threshold(settings)}
     options["graceful_shutdown_timeout_s"] = timeout
     return options
 

@@ -237,7 +237,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "local_prefill_max_tokens": SettingDoc(
         "decode prefills a request itself when its prompt has at most this many tokens (the model's tokenizer, the chat template applied), and sends longer ones through the prefill side; a request's `x-pd-prefill: split` or `local` header overrides it. Changed in place, without restarting an engine (see \"Which requests are split\"). 0 splits every request",
-        "0 to `max_model_len`; 0 with `serving_mode` `aggregated`",
+        "0 to `max_model_len`; 0 or unset with `serving_mode` `aggregated`",
+        unset="4,096 tokens, the public guidance below which splitting does not pay, at most `max_model_len`; 0 in `aggregated` mode",
     ),
     "ray_image": SettingDoc(
         "AWS Ray LLM DLC (Ray 2.58.0, vLLM 0.26.0, EFA). Another image must run Ray 2.58.0, the version the serve config is validated against (`IMAGE_RAY_VERSION` in `settings/catalog.py`, pinned again in `requirements-serve.lock`; a test keeps them equal), and carry the EFA installer's libfabric",

@@ -198,6 +198,15 @@ def _gb_per_s(bounds: tuple[float, float]) -> str:
     return f"{bounds[0] / 1e9:g}-{bounds[1] / 1e9:g} GB/s"
 
 
+def _local_prefill_cost(s: Settings, threshold: int) -> str:
+    """What decode pays for a prompt it prefills itself, at the threshold: aggregated's stall, on decode's GPU."""
+    p = sizing.transfer_plan(s, threshold)
+    return (
+        f"; a {threshold}-token prompt prefilled on decode stalls its other streams for {p.aggregated_chunks}x"
+        f"{p.aggregated_stall_seconds * 1e3:.0f}ms (agg stall) where split adds {p.efa_seconds * 1e3:.0f}ms to its TTFT"
+    )
+
+
 def plan_table(s: Settings) -> str:
     """The KV-transfer plan and the per-length verdict, for `make plan` and synth (numbers from settings.sizing)."""
     gpu = s.gpu_instance
@@ -256,16 +265,28 @@ def plan_table(s: Settings) -> str:
         reasons.append(f"  {tokens}: {verdict}: {why}")
     rows += reasons
     if s.serving_mode != "aggregated":
+        threshold = sizing.local_prefill_threshold(s)
+        source = (
+            "set"
+            if s.local_prefill_max_tokens is not None
+            else f"the default: the guidance above, splitting pays only from {sizing.MIN_PROMPT_TOKENS_THAT_PAY} "
+            "tokens (SageMaker HyperPod; Mooncake on A10 at 1k)"
+            + (f", at most max_model_len {s.max_model_len}" if threshold < sizing.MIN_PROMPT_TOKENS_THAT_PAY else "")
+        )
         rows.append(
-            "Which requests are split (local_prefill_max_tokens): "
+            f"Which requests are split (local_prefill_max_tokens = {threshold}, {source}): "
             + (
-                f"prompts of at most {s.local_prefill_max_tokens} tokens prefill on decode, longer ones go through "
-                "prefill"
-                if s.local_prefill_max_tokens
-                else "every one (0)"
+                f"prompts of at most {threshold} tokens prefill on decode, longer ones go through prefill"
+                if threshold
+                else "every one"
             )
-            + f"; the guidance above: splitting pays only from {sizing.MIN_PROMPT_TOKENS_THAT_PAY} tokens "
-            '(docs/architecture.md, "Which requests are split")'
+            + (
+                "; no prompt can be longer, so none is split: serving_mode aggregated does the same on the same nodes"
+                if threshold >= s.max_model_len
+                else ""
+            )
+            + (_local_prefill_cost(s, threshold) if threshold else "")
+            + ' (docs/architecture.md, "Which requests are split")'
         )
     start = sizing.cold_start(s)
     source = s.model_source or s.model_id

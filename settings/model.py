@@ -132,8 +132,9 @@ class Settings:
     serving_mode: str = "disaggregated"
     # Decode prefills a request itself when its prompt, counted by the model's tokenizer with the chat template,
     # has at most this many tokens; longer prompts go through the prefill side (docs/architecture.md, "Which
-    # requests are split"). 0: every request is split. Changed in place: no engine restarts.
-    local_prefill_max_tokens: int = 0
+    # requests are split"). 0: every request is split. Changed in place: no engine restarts. None: 4,096, the public
+    # guidance below which splitting does not pay (settings/sizing/transfer.py, local_prefill_threshold).
+    local_prefill_max_tokens: int | None = None
     ray_image: str = catalog.DEFAULT_RAY_IMAGE
     # Pull ray_image (on public ECR) through an ECR pull-through cache rule with this repository prefix,
     # in the stack's account and region (docs/operations.md, "A regional copy of the image"); None: from

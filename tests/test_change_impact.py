@@ -123,7 +123,7 @@ SERVE_CHANGES: dict[str, tuple[Pair, Impact, str]] = {
     "surge off": (lambda: (synth(**RANGES, replica_surge=True), synth(**RANGES)), Impact.IN_PLACE, "without a restart"),
     # Decode's user_config: Serve calls the running replicas' reconfigure (ray_pods/selective_pd.py).
     "local prefill threshold": (
-        lambda: (synth(), synth(local_prefill_max_tokens=4096)),
+        lambda: (synth(local_prefill_max_tokens=0), synth()),
         Impact.IN_PLACE,
         "`Decode:Qwen--Qwen3-8B`: new options, applied without a restart",
     ),

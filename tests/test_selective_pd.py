@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from serve_config.deployments import LOCAL_PREFILL_KEY, PREFILL_ROUTE_HEADER, engine_deployment_name, options_of
-from settings import Settings, SettingsError, settings_from
+from settings import Settings, SettingsError, settings_from, sizing
 from settings.estimates import plan_table
 from settings.sizing import MIN_PROMPT_TOKENS_THAT_PAY
 from tests.conftest import PROJECT_CONTEXT, rayservice_from, require_serve_deps, synth
@@ -87,11 +87,11 @@ def test_two_thresholds_give_one_code_version(local_ray: None) -> None:
     require_serve_deps()
     from tools.serve_controller import code_version  # imports ray: make test-fast runs without it
 
-    off, on = _app(synth()), _app(synth(local_prefill_max_tokens=4096))
+    off, on = _app(synth(local_prefill_max_tokens=0)), _app(synth())
     decode = engine_deployment_name(Settings(), "decode")
     assert code_version(off) == code_version(on)
     assert options_of(off, decode)["user_config"] == {LOCAL_PREFILL_KEY: 0}
-    assert options_of(on, decode)["user_config"] == {LOCAL_PREFILL_KEY: 4096}
+    assert options_of(on, decode)["user_config"] == {LOCAL_PREFILL_KEY: MIN_PROMPT_TOKENS_THAT_PAY}
 
 
 def test_the_serve_config_the_tools_and_the_pods_use_one_key_and_one_header() -> None:
@@ -142,7 +142,7 @@ def test_reconfigure_sets_the_threshold_and_a_new_replica_splits_until_then() ->
     [
         ({"local_prefill_max_tokens": "8193"}, "0 (split every request) to max_model_len = 8192 tokens"),
         ({"local_prefill_max_tokens": "-1"}, "0 (split every request) to max_model_len = 8192 tokens"),
-        ({"local_prefill_max_tokens": "1024", "serving_mode": "aggregated"}, "0 with serving_mode aggregated"),
+        ({"local_prefill_max_tokens": "1024", "serving_mode": "aggregated"}, "0 or unset with serving_mode aggregated"),
     ],
 )
 def test_a_threshold_out_of_range_or_in_aggregated_mode_is_refused_in_one_line(
@@ -158,11 +158,26 @@ def test_the_largest_threshold_is_max_model_len() -> None:
     assert settings_from({**PROJECT_CONTEXT, "local_prefill_max_tokens": "8192"}).local_prefill_max_tokens == 8192
 
 
-def test_plan_says_which_requests_are_split_beside_the_guidance() -> None:
+def test_the_default_threshold_is_the_guidance_at_most_max_model_len_and_none_when_aggregated() -> None:
+    assert sizing.local_prefill_threshold(settings_from(PROJECT_CONTEXT)) == MIN_PROMPT_TOKENS_THAT_PAY
+    short = settings_from({**PROJECT_CONTEXT, "max_model_len": "2048"})
+    assert sizing.local_prefill_threshold(short) == 2048
+    aggregated = settings_from({**PROJECT_CONTEXT, "serving_mode": "aggregated"})
+    assert sizing.local_prefill_threshold(aggregated) == 0
+    assert sizing.local_prefill_threshold(settings_from({**PROJECT_CONTEXT, "local_prefill_max_tokens": "0"})) == 0
+
+
+def test_plan_says_which_requests_are_split_and_why() -> None:
     default = plan_table(settings_from(PROJECT_CONTEXT))
-    assert f"every one (0); the guidance above: splitting pays only from {MIN_PROMPT_TOKENS_THAT_PAY} tokens" in default
-    local = plan_table(settings_from({**PROJECT_CONTEXT, "local_prefill_max_tokens": "2048"}))
-    assert "prompts of at most 2048 tokens prefill on decode" in local
+    assert (
+        f"Which requests are split (local_prefill_max_tokens = {MIN_PROMPT_TOKENS_THAT_PAY}, the default: the guidance "
+        f"above, splitting pays only from {MIN_PROMPT_TOKENS_THAT_PAY} tokens" in default
+    )
+    assert f"prompts of at most {MIN_PROMPT_TOKENS_THAT_PAY} tokens prefill on decode" in default
+    split = plan_table(settings_from({**PROJECT_CONTEXT, "local_prefill_max_tokens": "0"}))
+    assert "(local_prefill_max_tokens = 0, set): every one" in split
+    short = plan_table(settings_from({**PROJECT_CONTEXT, "max_model_len": "2048"}))
+    assert "no prompt can be longer, so none is split" in short
     assert "Which requests are split" not in plan_table(
         settings_from({**PROJECT_CONTEXT, "serving_mode": "aggregated"})
     )

@@ -69,18 +69,19 @@ def check_model(s: Settings) -> None:
             "whenever the side has no replica, and scaling a GPU node group up from 0 nodes is untested)",
         )
     require(s.serving_mode in SERVING_MODES, "serving_mode", s.serving_mode, f"one of {list(SERVING_MODES)}")
-    require(
-        0 <= s.local_prefill_max_tokens <= s.max_model_len,
-        "local_prefill_max_tokens",
-        s.local_prefill_max_tokens,
-        f"0 (split every request) to max_model_len = {s.max_model_len} tokens",
-    )
-    require(
-        s.serving_mode != "aggregated" or s.local_prefill_max_tokens == 0,
-        "local_prefill_max_tokens",
-        s.local_prefill_max_tokens,
-        "0 with serving_mode aggregated (every replica prefills its own requests there)",
-    )
+    if s.local_prefill_max_tokens is not None:
+        require(
+            0 <= s.local_prefill_max_tokens <= s.max_model_len,
+            "local_prefill_max_tokens",
+            s.local_prefill_max_tokens,
+            f"0 (split every request) to max_model_len = {s.max_model_len} tokens",
+        )
+        require(
+            s.serving_mode != "aggregated" or s.local_prefill_max_tokens == 0,
+            "local_prefill_max_tokens",
+            s.local_prefill_max_tokens,
+            "0 or unset with serving_mode aggregated (every replica prefills its own requests there)",
+        )
     require(
         s.ray_cluster_upgrade in RAY_CLUSTER_UPGRADES,
         "ray_cluster_upgrade",

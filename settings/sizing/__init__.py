@@ -110,6 +110,7 @@ from settings.sizing.scale_up import (
 from settings.sizing.transfer import (
     TransferPlan,
     disaggregation_verdict,
+    local_prefill_threshold,
     pod_efa_gbps,
     transfer_plan,
     transfer_share_range,
@@ -220,6 +221,7 @@ __all__ = [
     "kv_cache_bytes_per_token",
     "kv_cache_bytes_per_token_per_gpu",
     "kv_cache_tokens",
+    "local_prefill_threshold",
     "max_ongoing_requests",
     "max_queued_requests",
     "min_gpu_memory_utilization",

@@ -113,6 +113,17 @@ def transfer_plan(s: Settings, prompt_tokens: int, calibration: Calibration = MI
     )
 
 
+def local_prefill_threshold(s: Settings) -> int:
+    """The prompt length at or below which decode prefills a request itself (ray_pods/selective_pd.py); 0 splits every
+    request. Unset: the public guidance's MIN_PROMPT_TOKENS_THAT_PAY in disaggregated mode, below which splitting does
+    not pay, at most max_model_len; aggregated mode splits nothing and has no threshold."""
+    if s.local_prefill_max_tokens is not None:
+        return s.local_prefill_max_tokens
+    if s.serving_mode == "aggregated":
+        return 0
+    return min(MIN_PROMPT_TOKENS_THAT_PAY, s.max_model_len)
+
+
 def transfer_share_range(s: Settings, prompt_tokens: int) -> tuple[float, float]:
     """The transfer's share of the prefill at both ends of the calibrated ranges (best, worst for splitting)."""
     return (
