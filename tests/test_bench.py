@@ -62,6 +62,17 @@ def test_a_point_with_fewer_transfers_than_requests_is_flagged(tmp_path: Path) -
     assert written[0]["requests_without_transfer"] == "1"
 
 
+def test_a_point_decode_prefills_itself_is_not_flagged_and_a_longer_one_is(tmp_path: Path) -> None:
+    """Selective P/D: prompts of at most the threshold move no KV by design; longer ones must, as when split."""
+    before = NixlSnapshot(10, 1.0, 0)
+    selective = {"serving_mode": "disaggregated", "local_prefill_max_tokens": 4096}
+    local = bench_results.row(bench_results.Point(512, 4), RESULT, before, before, **selective)  # type: ignore[arg-type]
+    assert local["requests_without_transfer"] is None
+    assert "prefilled on decode: prompts of at most local_prefill_max_tokens = 4096" in local["notes"]
+    long = bench_results.row(bench_results.Point(6144, 4), RESULT, before, before, **selective)  # type: ignore[arg-type]
+    assert long["requests_without_transfer"] == 4 and "4 of 4 requests had no NIXL transfer" in long["notes"]
+
+
 # --- the engine's inter-token latency, not Ray's stream batches --------------
 def test_histogram_quantile_interpolates_as_prometheus_does() -> None:
     h = Histogram(((0.01, 10.0), (0.025, 30.0), (0.05, 40.0), (float("inf"), 40.0)), 0.8, 40.0)

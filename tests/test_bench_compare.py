@@ -15,10 +15,17 @@ GOOD_TTFT, SLOW_TTFT = 0.5, 3.0  # against the default 2 s SLO
 TOKENS = 16
 
 
-def _folder(folder: Path, mode: str, points: dict[tuple[int, int], Sequence[float]], duration: float = 10.0) -> Path:
+def _folder(
+    folder: Path,
+    mode: str,
+    points: dict[tuple[int, int], Sequence[float]],
+    duration: float = 10.0,
+    local_prefill_max_tokens: int = 0,
+) -> Path:
     """A bench result folder whose points hold these per-request TTFTs (s), each 16 tokens at 40 ms."""
     folder.mkdir(parents=True)
-    (folder / "metadata.json").write_text(json.dumps({"serving_mode": mode}))
+    metadata = {"serving_mode": mode, "local_prefill_max_tokens": local_prefill_max_tokens}
+    (folder / "metadata.json").write_text(json.dumps(metadata))
     rows = []
     for (n, c), ttfts in points.items():
         result = {
@@ -126,3 +133,25 @@ def test_a_difference_inside_the_margin_is_a_tie(
     a = _folder(tmp_path / "pd", "disaggregated", {(128, 1): _mix(20, 0)})
     b = _folder(tmp_path / "agg", "aggregated", {(128, 1): _mix(20, 0)}, duration=b_duration)
     assert _verdict(tmp_path, capsys, a, b) == expected
+
+
+# --- a third result: each pair on its own ----------------------------------------
+def test_three_results_are_compared_pair_by_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Always-split, aggregated and selective P/D: three verdicts, each like with like, each with its own chart."""
+    split = _folder(tmp_path / "pd", "disaggregated", {(128, 1): _mix(10, 30)})
+    aggregated = _folder(tmp_path / "agg", "aggregated", {(128, 1): _mix(30, 10)})
+    selective = _folder(tmp_path / "sel", "disaggregated", {(128, 1): _mix(31, 9)}, local_prefill_max_tokens=4096)
+    assert bench.main(["compare", str(split), str(aggregated), str(selective)]) == 0
+    out = capsys.readouterr().out
+    verdicts = [line.removeprefix("verdict: ") for line in out.splitlines() if line.startswith("verdict: ")]
+    assert verdicts == [
+        "aggregated wins at every load point",
+        "selective P/D (<= 4096) wins at every load point",
+        "no difference beyond 5% at any load point",
+    ]
+    charts = sorted(p.name for p in split.glob("compare-*.png"))
+    assert charts == [
+        "compare-aggregated-vs-selective-P-D-4096.png",
+        "compare-disaggregated-vs-aggregated.png",
+        "compare-disaggregated-vs-selective-P-D-4096.png",
+    ]

@@ -337,6 +337,13 @@ def test_bench_labels_the_result_with_the_live_mode() -> None:
     pd = bench.describe_serve_config(yaml.safe_load(serve_config_v2(Settings())))
     assert pd["replicas"] == {"prefill": 1, "decode": 1}
     assert pd["engine_kwargs"]["prefill"]["max_num_batched_tokens"] == 8192
+    # The threshold as decode's user_config holds it: the label tells selective P/D from always-split.
+    assert pd["local_prefill_max_tokens"] == 4096
+    assert bench_compare.mode_label(pd) == "selective P/D (<= 4096)"
+    split = bench.describe_serve_config(yaml.safe_load(serve_config_v2(Settings(local_prefill_max_tokens=0))))
+    assert bench_compare.mode_label(split) == "disaggregated"
+    aggregated = bench.describe_serve_config(yaml.safe_load(serve_config_v2(Settings(serving_mode="aggregated"))))
+    assert bench_compare.mode_label(aggregated) == "aggregated"
 
 
 def test_aggregated_verify_wants_no_nixl_at_all() -> None:

@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from serve_config import DECODE, SERVE_PORT, ingress_service_name
-from serve_config.deployments import NAME_PREFIXES
+from serve_config.deployments import LOCAL_PREFILL_KEY, NAME_PREFIXES
 from settings import Settings
 from settings.cli import USAGE_EXIT, cli_settings
 from tools.bench_compare import main as compare_main
+from tools.bench_compare import mode_label
 from tools.bench_results import Point, row, write_chart, write_csv
 from tools.cluster_access import (
     ClusterUnreachableError,
@@ -125,8 +126,13 @@ def describe_serve_config(config: Mapping[str, Any]) -> dict[str, Any]:
         mode, llms = "disaggregated", {side: args[f"{side}_config"] for side in ("prefill", "decode")}
     else:
         mode, llms = "aggregated", {"replica": args["llm_configs"][0]}
+    decode: Mapping[str, Any] = next(
+        (d for d in app.get("deployments", []) if d["name"].startswith(NAME_PREFIXES[DECODE])), {}
+    )
     return {
         "serving_mode": mode,
+        # Decode prefills prompts of at most this many tokens itself (ray_pods/selective_pd.py); 0: every one split.
+        "local_prefill_max_tokens": (decode.get("user_config") or {}).get(LOCAL_PREFILL_KEY, 0),
         "model_id": next(iter(llms.values()))["model_loading_config"]["model_id"],
         "replicas": _replicas(app, mode),
         "engine_kwargs": {
@@ -190,6 +196,7 @@ def sweep(
     num_prompts: int,
     out: Path,
     serving_mode: str | None = None,
+    local_prefill_max_tokens: int = 0,
 ) -> list[dict[str, Any]]:
     groups = worker_pods(settings)
     # Decode decodes in P/D mode; in aggregated mode every replica does both.
@@ -218,7 +225,12 @@ def sweep(
             subprocess.run(command, check=True, env=env)  # vLLM's own progress bar shows here
             result = json.loads((out / name).read_text())
             after, engine_after = snapshot()
-            rows.append(row(point, result, before, after, engine_before, engine_after, serving_mode=serving_mode))
+            rows.append(
+                row(
+                    point, result, before, after, engine_before, engine_after,
+                    serving_mode=serving_mode, local_prefill_max_tokens=local_prefill_max_tokens,
+                )
+            )  # fmt: skip
             print(
                 f"    done in {time.monotonic() - started:.0f}s: {progress(rows[-1])}",
                 flush=True,
@@ -251,8 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     points = [Point(n, c) for n in args.input_lens for c in args.concurrency]
     try:
         metadata = live_metadata(settings)
-        print(f"measuring the {metadata['serving_mode']} deployment ({metadata['source']})", flush=True)
-        rows = sweep(settings, points, args.output_len, args.prompts_per_run, args.out, metadata["serving_mode"])
+        print(f"measuring the {mode_label(metadata)} deployment ({metadata['source']})", flush=True)
+        rows = sweep(
+            settings, points, args.output_len, args.prompts_per_run, args.out,
+            metadata["serving_mode"], metadata.get("local_prefill_max_tokens") or 0,
+        )  # fmt: skip
     except ClusterUnreachableError as err:
         print(unreachable_message(settings, err), file=sys.stderr)
         return USAGE_EXIT

@@ -1,7 +1,10 @@
-"""`python -m tools.bench compare A B`: two bench result folders side by side, per load point, with a verdict.
+"""`python -m tools.bench compare A B [C]`: bench result folders side by side, per load point, with a verdict.
 
-    python -m tools.bench compare A B [--ttft-slo-ms 2000] [--itl-slo-ms 100] [--margin 0.05]
-                                      [--out A/compare.png]
+    python -m tools.bench compare A B [C] [--ttft-slo-ms 2000] [--itl-slo-ms 100] [--margin 0.05]
+                                          [--out A/compare.png]
+
+With a third folder (always-split, aggregated and selective P/D, say) each pair is compared on its own,
+and each pair's chart and CSV are named after it (A/compare-<a>-vs-<b>.png).
 
 Each folder is what `tools.bench` writes: results.csv, one vLLM result per
 point (run-<prompt>-<concurrency>.json, with every request's TTFT and
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -127,21 +131,39 @@ def intervals(
     ):
         if not len(values):
             continue
-        found[name] = float(np.percentile(values, q))
-        sample = values[rng.integers(0, len(values), size=(resamples, len(values)))]
-        lo, hi = np.percentile(np.percentile(sample, q, axis=1), [tail, 100 - tail])
-        found[f"{name}_lo"], found[f"{name}_hi"] = float(lo), float(hi)
+        found[name], found[f"{name}_lo"], found[f"{name}_hi"] = percentile_interval(values, q, rng, resamples)
     return found
+
+
+def percentile_interval(
+    values: Sequence[float] | np.ndarray, q: float, rng: np.random.Generator, resamples: int = BOOTSTRAP_RESAMPLES
+) -> tuple[float, float, float]:
+    """A percentile of the values and its percentile-bootstrap interval at CONFIDENCE (values resampled)."""
+    data = np.asarray(values, dtype=float)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    sample = data[rng.integers(0, len(data), size=(resamples, len(data)))]
+    lo, hi = np.percentile(np.percentile(sample, q, axis=1), [tail, 100 - tail])
+    return float(np.percentile(data, q)), float(lo), float(hi)
 
 
 def _number(text: str | None) -> float | None:
     return float(text) if text not in (None, "", "None") else None
 
 
+def mode_label(metadata: Mapping[str, Any]) -> str:
+    """What a result measured: aggregated, disaggregated (every request split) or selective P/D (decode prefills
+    prompts up to its threshold itself, tools/bench.py describe_serve_config); None without metadata."""
+    mode = metadata.get("serving_mode")
+    threshold = metadata.get("local_prefill_max_tokens") or 0
+    if mode == "disaggregated" and threshold:
+        return f"selective P/D (<= {threshold})"
+    return str(mode) if mode else ""
+
+
 def load(folder: Path, ttft_slo_ms: float, itl_slo_ms: float) -> ResultSet:
     metadata_file = folder / "metadata.json"
     metadata = json.loads(metadata_file.read_text()) if metadata_file.exists() else {}
-    label = str(metadata.get("serving_mode") or folder.name)
+    label = mode_label(metadata) or folder.name
     points: dict[tuple[int, int], dict[str, float | None]] = {}
     with (folder / "results.csv").open() as handle:
         for row in csv.DictReader(handle):
@@ -278,32 +300,49 @@ def write_chart(a: ResultSet, b: ResultSet, per_point: Mapping[tuple[int, int], 
     plt.close(figure)
 
 
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
+
+
+def compare_pair(a: ResultSet, b: ResultSet, args: argparse.Namespace, chart: Path) -> None:
+    """One pair side by side: the table, the verdict, the chart and its CSV."""
+    per_point, overall = verdict(a, b, args.margin)
+    print(table(a, b, per_point))
+    print(f"verdict: {overall}")
+    write_chart(a, b, per_point, chart, f"{a.label} vs {b.label}: {overall}")
+    write_csv(a, b, per_point, chart.with_suffix(".csv"))
+    print(f"wrote {chart} and {chart.with_suffix('.csv')}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench compare", description=__doc__.splitlines()[0])
     parser.add_argument("a", type=Path, help="a bench result folder (e.g. the disaggregated run)")
     parser.add_argument("b", type=Path, help="another (e.g. the aggregated run)")
+    parser.add_argument("c", type=Path, nargs="?", help="a third (e.g. selective P/D): each pair is compared")
     parser.add_argument("--ttft-slo-ms", type=float, default=DEFAULT_TTFT_SLO_MS)
     parser.add_argument("--itl-slo-ms", type=float, default=DEFAULT_ITL_SLO_MS)
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     parser.add_argument("--out", type=Path, help="the chart (default: A/compare.png, and A/compare.csv)")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    missing = [str(f) for f in (args.a, args.b) if not (f / "results.csv").exists()]
+    folders = [f for f in (args.a, args.b, args.c) if f is not None]
+    missing = [str(f) for f in folders if not (f / "results.csv").exists()]
     if missing:
         print(f"error: no results.csv in {', '.join(missing)}: run python -m tools.bench first", file=sys.stderr)
         return 1
-    a = load(args.a, args.ttft_slo_ms, args.itl_slo_ms)
-    b = load(args.b, args.ttft_slo_ms, args.itl_slo_ms)
-    if a.label == b.label:
-        a, b = ResultSet(f"{a.label} ({args.a.name})", a.points), ResultSet(f"{b.label} ({args.b.name})", b.points)
-    per_point, overall = verdict(a, b, args.margin)
+    results = [load(f, args.ttft_slo_ms, args.itl_slo_ms) for f in folders]
+    if len({r.label for r in results}) < len(results):
+        results = [ResultSet(f"{r.label} ({f.name})", r.points) for r, f in zip(results, folders, strict=True)]
     print(
         f"SLOs: TTFT <= {args.ttft_slo_ms:g} ms, time per output token <= {args.itl_slo_ms:g} ms; "
         f"a win needs more than {args.margin:.0%} and {CONFIDENCE:.0%} bootstrap intervals apart"
     )
-    print(table(a, b, per_point))
-    print(f"verdict: {overall}")
     chart = args.out or args.a / "compare.png"
-    write_chart(a, b, per_point, chart, f"{a.label} vs {b.label}: {overall}")
-    write_csv(a, b, per_point, chart.with_suffix(".csv"))
-    print(f"wrote {chart} and {chart.with_suffix('.csv')}")
+    if len(results) == 2:
+        compare_pair(results[0], results[1], args, chart)
+        return 0
+    # Three: each pair on its own, like with like, each chart named by its pair beside the first.
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        a, b = results[i], results[j]
+        print(f"\n== {a.label} vs {b.label}")
+        compare_pair(a, b, args, chart.with_name(f"{chart.stem}-{_slug(a.label)}-vs-{_slug(b.label)}{chart.suffix}"))
     return 0

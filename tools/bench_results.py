@@ -89,17 +89,22 @@ def row(
     engine_after: EngineSnapshot | None = None,
     *,
     serving_mode: str | None = None,
+    local_prefill_max_tokens: int = 0,
 ) -> dict[str, Any]:
     """One CSV row from a `vllm bench serve` result file and the counters around it.
 
     serving_mode "disaggregated": a point with fewer NIXL transfers than completed requests is
-    flagged (None: the mode is unknown, nothing is flagged).
+    flagged (None: the mode is unknown, nothing is flagged), unless its prompts are at most
+    local_prefill_max_tokens, which decode prefills itself and moves no KV for.
     """
     transfers = after.transfers - before.transfers
     seconds = after.transfer_seconds - before.transfer_seconds
     completed = result.get("completed") or 0
-    missing = max(0, int(completed - transfers)) if serving_mode == "disaggregated" else None
+    local = serving_mode == "disaggregated" and point.input_len <= local_prefill_max_tokens
+    missing = max(0, int(completed - transfers)) if serving_mode == "disaggregated" and not local else None
     notes = []
+    if local:
+        notes.append(f"prefilled on decode: prompts of at most local_prefill_max_tokens = {local_prefill_max_tokens}")
     if missing:
         notes.append(
             f"{missing} of {completed} requests had no NIXL transfer: prefilled again on decode (local recompute)"
