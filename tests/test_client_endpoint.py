@@ -145,4 +145,5 @@ def test_verify_and_bench_forward_to_the_ingress_service(monkeypatch: pytest.Mon
     monkeypatch.setattr("tools.cluster_access.kubectl", cluster.kubectl)
     monkeypatch.setattr("tools.bench.subprocess.run", vllm_bench)
     bench.sweep(Settings(), [bench_results.Point(128, 1)], 16, 4, tmp_path, "disaggregated")
-    assert forwarded == [f"{SERVICE}-ingress:{SERVE_PORT}"] * 2
+    # verify: its checks' requests, then the short prompt once the counters settled; bench: its sweep.
+    assert forwarded == [f"{SERVICE}-ingress:{SERVE_PORT}"] * 3

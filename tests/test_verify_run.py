@@ -18,9 +18,9 @@ from tests.conftest import ROOT
 from tests.support.fake_cluster import KEY, FakeCluster, install
 from tools import verify, verify_observability
 from tools.checks import Check, table
-from tools.cluster_access import first_key
+from tools.cluster_access import NixlSnapshot, first_key
 from tools.polling import EXPORT_INTERVAL_SECONDS, settled
-from tools.verify_judgement import image_checks
+from tools.verify_judgement import image_checks, local_prefill_check
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:
@@ -64,6 +64,36 @@ def test_main_default_provider_is_efa(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert "not efa" in capsys.readouterr().out
     install(monkeypatch, FakeCluster(logs=cluster.logs))
     assert verify.main(["--provider", "tcp"]) == 0
+
+
+# --- a short prompt, which the threshold keeps on decode, moves no KV --------------
+SHORT_CHECK = "a short prompt is prefilled on decode: no KV moved"
+
+
+def test_a_short_prompt_decode_prefills_itself_passes_and_one_that_moved_kv_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    install(monkeypatch, FakeCluster())
+    passed = _by_name(verify.run_checks(Settings()))[SHORT_CHECK]
+    assert passed.ok and "12 prompt tokens at local_prefill_max_tokens 4096: 0 NIXL transfers" in passed.detail
+    # The threshold ignored: the short prompt went through prefill and moved KV.
+    install(monkeypatch, FakeCluster(short_transfers=1))
+    failed = _by_name(verify.run_checks(Settings()))[SHORT_CHECK]
+    assert not failed.ok and "1 NIXL transfers, prefill vllm:prompt_tokens +12" in failed.detail
+
+
+def test_the_short_prompt_judgement_wants_no_transfer_no_prefill_and_a_prompt_within_the_threshold() -> None:
+    start = (NixlSnapshot(3, 0.3, 0), 180.0)
+    assert local_prefill_check(4096, 12, start, start).ok
+    assert not local_prefill_check(4096, 12, start, (NixlSnapshot(4, 0.4, 0), 180.0)).ok  # KV moved
+    assert not local_prefill_check(4096, 12, start, (NixlSnapshot(3, 0.3, 0), 192.0)).ok  # prefill ran it
+    assert not local_prefill_check(8, 12, start, start).ok  # not short at this threshold: proves nothing
+    assert not local_prefill_check(4096, None, start, start).ok
+
+
+def test_every_request_split_has_no_short_prompt_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, FakeCluster())
+    assert SHORT_CHECK not in _by_name(verify.run_checks(Settings(local_prefill_max_tokens=0)))
 
 
 # --- decode's pre-warm, exported late, is not the request's transfer -----------

@@ -32,7 +32,7 @@ from pathlib import Path
 from serve_config import DECODE, EFA_RESOURCE, PREFILL, SERVE_PORT, SIDES, ingress_service_name
 from serve_config.deployments import PREFILL_ROUTE_HEADER
 from serve_config.pod_templates import worker_resources
-from settings import Settings
+from settings import Settings, sizing
 from settings.catalog import IMAGE_MIN_NVIDIA_DRIVER
 from settings.cli import USAGE_EXIT, cli_settings
 from tools import verify_observability
@@ -58,6 +58,7 @@ from tools.polling import grew, poll, poll_until_grown, settled
 from tools.verify_judgement import (
     PREWARM_SKIPPED,
     image_checks,
+    local_prefill_check,
     metrics_check,
     models_check,
     no_nixl_check,
@@ -210,6 +211,18 @@ def run_checks(
     after = poll_until_grown(decode_counters, before, sleep=sleep)
     checks.append(metrics_check(before, after))
     checks.append(prefill_check(prefill_before, poll(prefill_tokens, grew(prefill_before), sleep=sleep)))
+    threshold = sizing.local_prefill_threshold(settings)
+    if threshold:
+
+        def short_prompt() -> Check:
+            counters = settled(lambda: (decode_counters(), prefill_tokens()), sleep=sleep)
+            with port_forward(settings, ingress_service_name(settings), SERVE_PORT) as base:
+                tokens = short_chat(base, settings.model_id, api_key=key)
+            return local_prefill_check(
+                threshold, tokens, counters, settled(lambda: (decode_counters(), prefill_tokens()), sleep=sleep)
+            )
+
+        checks.append(guard("a short prompt is prefilled on decode: no KV moved", short_prompt))
     return checks
 
 
@@ -225,6 +238,21 @@ def chat_check(base: str, model_id: str, api_key: str | None = None) -> Check:
     )
     text = body["choices"][0]["message"]["content"]
     return Check("POST /v1/chat/completions", bool(text), f"{len(text)} characters back")
+
+
+SHORT_PROMPT = "Say hello."
+
+
+def short_chat(base: str, model_id: str, api_key: str | None = None) -> int | None:
+    """A short chat without the route header, which the threshold decides: its prompt tokens, as the engine
+    counted them."""
+    body = http_json(
+        f"{base}/v1/chat/completions",
+        {"model": model_id, "messages": [{"role": "user", "content": SHORT_PROMPT}], "max_tokens": 4},
+        api_key=api_key,
+    )
+    tokens = (body.get("usage") or {}).get("prompt_tokens")
+    return int(tokens) if tokens is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:

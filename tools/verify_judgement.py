@@ -23,6 +23,26 @@ def prefill_check(before: float | None, after: float | None) -> Check:
     return Check("prefill served the request", ok, f"prefill vllm:prompt_tokens {before} -> {after}")
 
 
+def local_prefill_check(
+    threshold: int,
+    prompt_tokens: int | None,
+    before: tuple[NixlSnapshot, float | None],
+    after: tuple[NixlSnapshot, float | None],
+) -> Check:
+    """A prompt of at most local_prefill_max_tokens, sent without the route header: decode prefilled it itself, so
+    decode pulled no KV and prefill's prompt-token counter stood still (docs/architecture.md, "Which requests are
+    split")."""
+    moved = after[0].transfers - before[0].transfers
+    prefilled = (after[1] or 0.0) - (before[1] or 0.0)
+    short = prompt_tokens is not None and prompt_tokens <= threshold
+    return Check(
+        "a short prompt is prefilled on decode: no KV moved",
+        short and moved == 0 and prefilled == 0,
+        f"{prompt_tokens} prompt tokens at local_prefill_max_tokens {threshold}: {moved:g} NIXL transfers, "
+        f"prefill vllm:prompt_tokens +{prefilled:g}",
+    )
+
+
 def placement_check(
     groups: dict[str, list[dict[str, Any]]],
     nodes: dict[str, dict[str, Any]],

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from serve_config.deployments import PREFILL_ROUTE_HEADER
 from tools import cluster_access, verify, verify_observability
 
 DATA = Path(__file__).parents[1] / "data"
@@ -41,6 +42,10 @@ class FakeCluster:
     # What the chat request does: a KV transfer on decode, prompt tokens on prefill.
     chat_transfers: int = 1
     chat_prompt_tokens: int = 180
+    # A chat without the x-pd-prefill header (verify's short prompt): its prompt tokens as the engine counted them,
+    # and what it moved: none, where decode prefilled it itself.
+    short_tokens: int = 12
+    short_transfers: int = 0
     # Decode's pre-warm (1 transfer, 2 prompt tokens on prefill) happened before verify started
     # at t=0, at this time; Ray exports it at its next tick.
     prewarm_at: float = -3.0
@@ -130,8 +135,12 @@ class FakeCluster:
         self._refuse(url, kw.get("api_key"))
         if url.endswith("/v1/models"):
             return {"data": [{"id": "Qwen/Qwen3-8B"}]}
+        answer = {"choices": [{"message": {"content": "Prefill is compute-bound; decode is memory-bound."}}]}
+        if PREFILL_ROUTE_HEADER not in (kw.get("headers") or {}):
+            self.events.append((self.now, self.short_transfers, self.short_tokens if self.short_transfers else 0))
+            return {**answer, "usage": {"prompt_tokens": self.short_tokens}}
         self.events.append((self.now, self.chat_transfers, self.chat_prompt_tokens))
-        return {"choices": [{"message": {"content": "Prefill is compute-bound; decode is memory-bound."}}]}
+        return answer
 
     def http_status(self, url: str, body: dict[str, Any] | None = None, timeout: float = 60, **kw: Any) -> int:
         self.sent_keys.append(kw.get("api_key"))
