@@ -1,14 +1,17 @@
 """The selective-prefill phase: decode prefills a short prompt itself and splits a long one (ray_pods/selective_pd.py).
 
-The pd case deploys with the product's default threshold, 0 (every request split), which every other phase
-relies on. This phase sets a threshold as the product synthesizes it (decode's user_config in `deployments`),
+The pd case deploys with a threshold of 0 (every request split; rehearsal/case_settings.py), which every other
+phase relies on. This phase sets a threshold as the product synthesizes it (decode's user_config in `deployments`),
 PUT to the running app as KubeRay does: Serve must apply it through the running decode replica's `reconfigure`,
 with no replica restarted. Then three requests at once, read from the engines' own counters (decode's NIXL
 transfers, prefill's vllm:prompt_tokens) after one quiet export: a short prompt, a long one, and another long one
 sent with `x-pd-prefill: local`; only the long one may move KV or reach prefill. Decode's route counter must count
-each by where and why, and the long prompt sent again must hit both sides' prefix caches. Last, the threshold
-goes back to 0 the same way, so that the phases after this one see the app as deployed. Decode's log says how
-long counting each prompt took.
+each by where and why, and the long prompt sent again must hit both sides' prefix caches. Then short prompts'
+TTFT both ways, like with like on the same engines: prefilled on decode by the threshold, and split by the header
+(as a threshold of 0 splits them), one at a time and alternating, with each route's median and its bootstrap
+interval; only the split ones may move KV. Last, the threshold
+goes back to the deployed 0 the same way, so that the phases after this one see the app as deployed. Decode's log
+says how long counting each prompt took.
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from rehearsal.cluster import ray_logs
 from rehearsal.context import Context
 from rehearsal.deploy import cpu_serve_config, product_rayservice
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, http, metrics_text
+from rehearsal.streams import stream_chat
 from serve_config.deployments import LOCAL_PREFILL_KEY, PREFILL_ROUTE_HEADER, deployment_name_of, options_of
+from tools.bench_compare import percentile_interval
 from tools.checks import Check
 from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, metric_total
 from tools.polling import poll, settled
@@ -50,6 +56,10 @@ POLL_S = 2.0
 PREFIX_CACHE_HITS = "ray_vllm_prefix_cache_hits_total"
 # ray_pods/selective_pd.py's REQUESTS_METRIC, as Ray's exporter names a counter.
 ROUTES_SERIES = "ray_pd_prefill_requests_total"
+# Short prompts' TTFT both ways: this many of each, alternating which goes first.
+TTFT_ROUNDS = 12
+TTFT_MAX_TOKENS = 2
+LOCAL, SPLIT = "local", "split"
 ROUTE_LINE = re.compile(r"prefill (local|split) \(([^)]*)\): (\S+) prompt tokens, counted in ([0-9.]+) ms")
 
 
@@ -153,6 +163,70 @@ def _grown(before: Counters, *, transfers: float, prompt_tokens: float) -> Count
     return _counters()
 
 
+@dataclass(frozen=True)
+class ShortTtfts:
+    """Short prompts' TTFT as a client sees it, prefilled on decode and split, and what they moved."""
+
+    seconds: dict[str, list[float]]
+    failed: list[str]
+    transfers: float
+    # How long the requests took, and the wait for Ray's export to show their transfers and hold still.
+    sending_s: float
+    settling_s: float
+
+    def summary(self) -> dict[str, tuple[float, float, float] | None]:
+        """Each route's median TTFT (ms) and its 95% bootstrap interval, and the median of the paired differences
+        (split minus local, round by round)."""
+        rng = np.random.default_rng(0)
+        found: dict[str, tuple[float, float, float] | None] = {}
+        for route in (LOCAL, SPLIT):
+            values = [s * 1e3 for s in self.seconds[route]]
+            found[route] = percentile_interval(values, 50, rng) if values else None
+        pairs = [(s - lo) * 1e3 for lo, s in zip(self.seconds[LOCAL], self.seconds[SPLIT], strict=False)]
+        found["split - local"] = percentile_interval(pairs, 50, rng) if pairs else None
+        return found
+
+    def verdict(self) -> str:
+        """By the paired differences (each round's two requests ran back to back on the same engines): a difference
+        only where their interval excludes 0."""
+        paired = self.summary()["split - local"]
+        if paired is None:
+            return "no verdict"
+        if paired[1] > 0:
+            return "local faster (the paired interval is above 0)"
+        if paired[2] < 0:
+            return "split faster (the paired interval is below 0)"
+        return "no difference shown (the paired interval spans 0)"
+
+
+def _short_ttfts(ctx: Context) -> ShortTtfts:
+    """Short prompts at the threshold in force, each new to both prefix caches: prefilled on decode (the threshold
+    decides, counting included) and split (the header, as a threshold of 0 splits them), alternating which goes
+    first, one at a time."""
+    start = _counters()
+    began = time.monotonic()
+    seconds: dict[str, list[float]] = {LOCAL: [], SPLIT: []}
+    failed: list[str] = []
+    for round_ in range(TTFT_ROUNDS):
+        for route in (LOCAL, SPLIT) if round_ % 2 == 0 else (SPLIT, LOCAL):
+            headers = {PREFILL_ROUTE_HEADER: SPLIT} if route == SPLIT else None
+            prompt = f"{route} {round_}: {SHORT_PROMPT}"
+            outcome = stream_chat(ctx, TTFT_MAX_TOKENS, timeout=120, prompt=prompt, extra_headers=headers)
+            if outcome.kind != "ok" or outcome.first_chunk is None:
+                failed.append(outcome.label())
+                continue
+            seconds[route].append(outcome.first_chunk - outcome.started)
+    sent = time.monotonic()
+    end = _grown(start, transfers=len(seconds[SPLIT]), prompt_tokens=0)
+    return ShortTtfts(
+        seconds, failed, end.transfers - start.transfers, round(sent - began, 1), round(time.monotonic() - sent, 1)
+    )
+
+
+def _ms(found: tuple[float, float, float] | None) -> str:
+    return "none" if found is None else f"{found[0]:.0f} ms [{found[1]:.0f}, {found[2]:.0f}]"
+
+
 def selective_check(ctx: Context) -> list[Any]:
     """A threshold set in place; a short prompt prefilled on decode, a long one split, a long one kept local by the
     header, and the long one again found in both prefix caches. The first three go at once: one quiet window after
@@ -182,6 +256,7 @@ def selective_check(ctx: Context) -> list[Any]:
         lambda now: all(now.get(k, 0.0) - routes_before.get(k, 0.0) >= n for k, n in wanted.items()),
     )
     added = {k: routes.get(k, 0.0) - routes_before.get(k, 0.0) for k in sorted({*routes, *routes_before})}
+    ttfts = _short_ttfts(ctx)
     restored_s, restored = _apply(ctx, ctx.config)
     # A replica's line may be in its log file and in its worker's output both: each line once.
     lines = dict.fromkeys(line for line in ray_logs(ctx.temp_dir).splitlines() if ROUTE_LINE.search(line))
@@ -205,6 +280,20 @@ def selective_check(ctx: Context) -> list[Any]:
         f"tokens counted {tokens}; counting took {counted_ms} ms"
     )
     long_tokens = float(tokens.get("long prompt", "0"))
+    summary = ttfts.summary()
+    ctx.metrics.update(
+        {
+            f"selective_short_ttft_{route.replace(' - ', '_minus_')}_ms": None if found is None else round(found[0], 1)
+            for route, found in summary.items()
+        }
+    )
+    compared = ", ".join(f"{route} {_ms(found)}" for route, found in summary.items())
+    ctx.log_lines.append(
+        f"short prompts' TTFT, {TTFT_ROUNDS} of each, one at a time, median [95% interval]: {compared}: "
+        f"{ttfts.verdict()}; {ttfts.transfers:g} NIXL transfers; failed {ttfts.failed}; sent in {ttfts.sending_s} s, "
+        f"settled in {ttfts.settling_s} s"
+    )
+    wanted_ttfts = len(ttfts.seconds[LOCAL]) == len(ttfts.seconds[SPLIT]) == TTFT_ROUNDS
     return [
         Check(
             "selective prefill: a new threshold reaches decode in place, no replica restarted",
@@ -222,6 +311,12 @@ def selective_check(ctx: Context) -> list[Any]:
             "selective prefill: decode counts each request by where it was prefilled and why",
             all(added.get(k, 0.0) == n for k, n in wanted.items()),
             f"ray_pd_prefill_requests_total added {added}",
+        ),
+        Check(
+            "selective prefill: short prompts' TTFT measured both ways, and only the split ones moved KV",
+            wanted_ttfts and not ttfts.failed and ttfts.transfers == TTFT_ROUNDS,
+            f"{len(ttfts.seconds[LOCAL])} local and {len(ttfts.seconds[SPLIT])} split of {TTFT_ROUNDS} each, "
+            f"failed {ttfts.failed}; {ttfts.transfers:g} NIXL transfers; TTFT {compared}: {ttfts.verdict()}",
         ),
         Check(
             "selective prefill: a long prompt sent again hits the prefix cache on both sides",

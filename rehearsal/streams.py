@@ -41,6 +41,7 @@ class Outcome:
     error: str = ""  # the error event's or the error body's text, or the client's exception
     ended: float = 0.0
     retry_after: str | None = None  # the Retry-After header of a refusal
+    first_chunk: float | None = None  # time.monotonic() of the first data event: started to it is the TTFT seen
 
     @property
     def kind(self) -> str:
@@ -63,10 +64,16 @@ class Outcome:
 DEFAULT_PROMPT = "Count slowly."
 
 
-def stream_chat(ctx: Context, max_tokens: int, timeout: float = 300.0, prompt: str = DEFAULT_PROMPT) -> Outcome:
+def stream_chat(
+    ctx: Context,
+    max_tokens: int,
+    timeout: float = 300.0,
+    prompt: str = DEFAULT_PROMPT,
+    extra_headers: dict[str, str] | None = None,
+) -> Outcome:
     """One streaming chat through the endpoint, read to its end."""
     outcome = Outcome(started=time.monotonic())
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(extra_headers or {})}
     if ctx.api_key is not None:
         headers["Authorization"] = f"Bearer {ctx.api_key}"
     body = json.dumps(
@@ -101,6 +108,8 @@ def stream_chat(ctx: Context, max_tokens: int, timeout: float = 300.0, prompt: s
                 if isinstance(event, dict) and "error" in event:
                     outcome.error = json.dumps(event["error"])[:300]
                     continue
+            if outcome.first_chunk is None:
+                outcome.first_chunk = time.monotonic()
             outcome.chunks += 1
     except (OSError, http.client.HTTPException) as err:
         outcome.error = outcome.error or f"{type(err).__name__}: {err}"
