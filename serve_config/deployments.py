@@ -24,6 +24,9 @@ from settings import Settings, sizing
 LOCAL_PREFILL_KEY = "local_prefill_max_tokens"
 # A request's override of that choice, `split` or `local` (ROUTE_HEADER there; the same test).
 PREFILL_ROUTE_HEADER = "x-pd-prefill"
+# The product's prefix-aware router (ray_pods/prefix_routing.py), by import path: Serve imports it where the config
+# is applied and pickles it to every caller of the deployment (serve/config.py, RequestRouterConfig).
+PREFIX_ROUTER = "ray_pods.prefix_routing:PrefixAffinityRouter"
 # Past a deployment's queue bound Serve answers this (503 or 429, serve/config.py BackpressureConfig);
 # 429 is the key rate limit's (ray_pods/api_keys.py): 503 says the service, not the caller, is full.
 BACKPRESSURE_STATUS = 503
@@ -110,6 +113,13 @@ def engine_options(settings: Settings, side: str) -> dict[str, Any]:
     wait, timeout = sizing.graceful_shutdown(settings, side)
     if side == PREFILL:
         options["graceful_shutdown_wait_loop_s"] = wait
+    if settings.prefix_cache_routing and side in (PREFILL, DECODE) and high > 1:
+        # A router in Serve's code version (deploy_utils.py, get_app_code_version hashes request_router_configs):
+        # switching it restarts every replica of the app, once.
+        options["request_router_config"] = {
+            "request_router_class": PREFIX_ROUTER,
+            "request_router_kwargs": sizing.prefix_router_kwargs(settings, side),
+        }
     if side == DECODE:
         # Which requests decode prefills itself (ray_pods/selective_pd.py): Serve hands a user_config to the
         # running replicas' reconfigure (NeedsReconfigure), so a new threshold restarts no engine.

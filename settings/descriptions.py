@@ -240,6 +240,10 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         "0 to `max_model_len`; 0 or unset with `serving_mode` `aggregated`",
         unset="4,096 tokens, the public guidance below which splitting does not pay, at most `max_model_len`; 0 in `aggregated` mode",
     ),
+    "prefix_cache_routing": SettingDoc(
+        "Ray's prefix-cache affinity router on each engine deployment that can run more than one replica: a prompt goes to the replica that already holds its prefix (a shared system prompt, a conversation) while the replicas' queues are close (within 1 on prefill; within the full-length sequences its KV cache holds on decode), else to the less loaded one; its tree of prompts is kept within each replica's KV cache (see \"Which requests are split\"). Switching it restarts every replica of the app",
+        _BOOL,
+    ),
     "ray_image": SettingDoc(
         "AWS Ray LLM DLC (Ray 2.58.0, vLLM 0.26.0, EFA). Another image must run Ray 2.58.0, the version the serve config is validated against (`IMAGE_RAY_VERSION` in `settings/catalog.py`, pinned again in `requirements-serve.lock`; a test keeps them equal), and carry the EFA installer's libfabric",
         "`registry/repository:tag` or `registry/repository@sha256:<digest>`",

@@ -135,6 +135,10 @@ class Settings:
     # requests are split"). 0: every request is split. Changed in place: no engine restarts. None: 4,096, the public
     # guidance below which splitting does not pay (settings/sizing/transfer.py, local_prefill_threshold).
     local_prefill_max_tokens: int | None = None
+    # Prefix-aware routing (ray_pods/prefix_routing.py) on each engine deployment that can run more than one
+    # replica: a prompt goes to the replica that already holds its prefix while the replicas' loads are close.
+    # Switching it restarts every replica of the app (Serve hashes each deployment's router into the code version).
+    prefix_cache_routing: bool = True
     ray_image: str = catalog.DEFAULT_RAY_IMAGE
     # Pull ray_image (on public ECR) through an ECR pull-through cache rule with this repository prefix,
     # in the stack's account and region (docs/operations.md, "A regional copy of the image"); None: from

@@ -127,6 +127,13 @@ SERVE_CHANGES: dict[str, tuple[Pair, Impact, str]] = {
         Impact.IN_PLACE,
         "`Decode:Qwen--Qwen3-8B`: new options, applied without a restart",
     ),
+    # Each side's router is in Serve's code version (deploy_utils.py, request_router_configs): switching prefix-aware
+    # routing restarts every replica, and the PR comment must say so.
+    "prefix routing off": (
+        lambda: (synth(**RANGES), synth(**RANGES, prefix_cache_routing=False)),
+        Impact.REPLICAS_RESTARTED,
+        "code version",
+    ),
     "autoscaling policy": (
         lambda: (
             _edit_deployment(synth(), "Decode:", **RANGE),

@@ -64,6 +64,7 @@ CANDIDATES: dict[str, list[Any]] = {
     "decode_tensor_parallel_size": [1, 2, 4, 8, 0],
     "serving_mode": ["disaggregated", "aggregated", "split"],
     "local_prefill_max_tokens": [0, 4096, 8192, 8193, -1, "many"],
+    "prefix_cache_routing": [True, False, "on"],
     "ray_image": ["public.ecr.aws/deep-learning-containers/ray:serve-llm-cuda-v1.0.0", "rayproject/ray:2.58.0", "bad"],
     "serving_namespace": ["llm", "LLM", "a" * 70],
     "ray_token_auth": [True, False, "off", "sometimes"],

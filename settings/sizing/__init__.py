@@ -11,6 +11,7 @@ the real answer on the user's own cluster.
 """
 
 from settings.sizing.admission import (
+    CHARS_PER_TOKEN,
     NLB_DEREGISTRATION_ALLOWANCE_S,
     NLB_DEREGISTRATION_PROPAGATION_S,
     NLB_MAX_DEREGISTRATION_DELAY_S,
@@ -27,6 +28,7 @@ from settings.sizing.admission import (
     max_queued_requests,
     nlb_deregistration_delay,
     nlb_longest_request_timeout,
+    prefix_router_kwargs,
 )
 from settings.sizing.calibration import (
     BEST_FOR_SPLIT,
@@ -136,6 +138,7 @@ from settings.sizing.upgrade import (
 __all__ = [
     "AMI_ROOT_SNAPSHOT_GIB",
     "BEST_FOR_SPLIT",
+    "CHARS_PER_TOKEN",
     "CLUSTER_AUTOSCALER_REACTION_S",
     "COLD",
     "COLD_STANDARD_PULL",
@@ -230,6 +233,7 @@ __all__ = [
     "pod_efa_gbps",
     "prefill_max_num_batched_tokens",
     "prefill_seconds",
+    "prefix_router_kwargs",
     "readiness_lag_seconds",
     "scale_up_budget",
     "scale_up_seconds",

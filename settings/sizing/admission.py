@@ -123,3 +123,36 @@ def ingress_termination_grace_seconds(s: Settings) -> int:
 
 # --- One more replica on a new GPU node: the scale-up budget (README "The cost of a burst") -------
 # Each term is a range in seconds with where it comes from; nothing here was timed on AWS.
+
+
+# --- Prefix-aware routing (ray_pods/prefix_routing.py) ------------------------------------------------
+# Characters of English text per token under a BPE tokenizer (OpenAI's rule of thumb, "one token is about 4
+# characters"): the router's tree counts characters, a replica's KV cache holds tokens.
+CHARS_PER_TOKEN = 4
+# Ray's own ratio of the tree's eviction target to its trigger (prefix_aware_router.py: 360,000 of 400,000).
+PREFIX_TREE_EVICTION_TARGET_RATIO = 0.9
+
+
+def prefix_router_kwargs(s: Settings, side: str) -> dict[str, float | int | bool]:
+    """The router's request_router_kwargs for a side ('prefill' or 'decode'). Only engine settings go in: Serve
+    hashes a router's options into the code version, and the bounds, targets and queue sizes change in place.
+
+    - imbalanced_threshold: past this difference between its replicas' queues the router stops following prefixes
+      and picks the less loaded of two (Ray's default, infinity, pins every request that shares a system prompt to
+      one replica however busy). Prefill: 1. A cache hit saves at most one prompt's prefill, and each request
+      queued ahead costs about one, so a replica busier by more than one costs more than its cache saves. Decode:
+      the full-length sequences its KV cache holds (at least 1): within that, the busier replica still takes every
+      extra request into its running batch, and a step with one sequence more costs little.
+    - eviction: on, and each replica's share of the tree is kept within what its KV cache holds, in characters
+      (Ray's default keeps every prompt forever and its 400,000-character trigger is unrelated to the cache); a
+      prefix the tree remembers past that has most likely been evicted from the engine's prefix cache.
+    """
+    tokens = kv_cache_tokens(s, side)
+    imbalance = 1 if side == "prefill" else max(1, tokens // s.max_model_len)
+    chars = tokens * CHARS_PER_TOKEN
+    return {
+        "imbalanced_threshold": float(imbalance),
+        "do_eviction": True,
+        "eviction_threshold_chars": chars,
+        "eviction_target_chars": int(chars * PREFIX_TREE_EVICTION_TARGET_RATIO),
+    }

@@ -1,0 +1,134 @@
+"""Prefix-aware routing (ray_pods/prefix_routing.py): where it is on, what Serve reads, and where its tree lives."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from serve_config.deployments import PREFIX_ROUTER, engine_deployment_name, options_of
+from settings import Settings, sizing
+from tests.conftest import rayservice_from, require_serve_deps, synth
+
+pytestmark = pytest.mark.private_internals
+one_ray = pytest.mark.xdist_group("ray")
+# Both sides with a range, as the rehearsal's scaling case and a user who scales set them.
+RANGES = {
+    "prefill_max_replicas": 2,
+    "prefill_target_ongoing_requests": 2,
+    "decode_max_replicas": 2,
+    "decode_target_ongoing_requests": 8,
+}
+
+
+def _app(template: dict[str, Any]) -> dict[str, Any]:
+    (app,) = yaml.safe_load(rayservice_from(template)["spec"]["serveConfigV2"])["applications"]
+    found: dict[str, Any] = app
+    return found
+
+
+def _router(app: dict[str, Any], side: str) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = options_of(app, engine_deployment_name(Settings(), side)).get(
+        "request_router_config"
+    )
+    return found
+
+
+def test_each_side_that_can_run_two_replicas_gets_the_router_and_a_side_of_one_does_not() -> None:
+    ranged = _app(synth(**RANGES))
+    for side in ("prefill", "decode"):
+        router = _router(ranged, side)
+        assert router is not None and router["request_router_class"] == PREFIX_ROUTER
+    assert _router(_app(synth()), "prefill") is None and _router(_app(synth()), "decode") is None
+    assert all(
+        "request_router_config" not in d for d in _app(synth(**RANGES, prefix_cache_routing=False))["deployments"]
+    )
+
+
+def test_the_router_options_serve_reads_are_finite_and_evict_within_each_replicas_kv_cache() -> None:
+    """Parsed by Serve's own schema, as the controller reads the config: Ray's defaults (an infinite imbalance
+    threshold, no eviction) must not come back."""
+    require_serve_deps()
+    from ray.serve.config import RequestRouterConfig  # imports ray: make test-fast runs without it
+    from ray.serve.schema import ServeDeploySchema  # imports ray
+
+    parsed = ServeDeploySchema.parse_obj({"applications": [_app(synth(**RANGES))]})
+    (app,) = parsed.applications
+    found = {d.name: d.request_router_config for d in app.deployments if d.name.startswith(("Prefill:", "Decode:"))}
+    assert len(found) == 2
+    settings = Settings(**RANGES)  # type: ignore[arg-type]
+    decode_full_length = sizing.kv_cache_tokens(settings, "decode") // settings.max_model_len
+    for side, imbalance in (("prefill", 1.0), ("decode", float(decode_full_length))):
+        kwargs = RequestRouterConfig(**found[engine_deployment_name(settings, side)]).request_router_kwargs
+        assert kwargs["imbalanced_threshold"] == imbalance and math.isfinite(kwargs["imbalanced_threshold"])
+        assert kwargs["do_eviction"] is True
+        chars = sizing.kv_cache_tokens(settings, side) * sizing.CHARS_PER_TOKEN
+        assert kwargs["eviction_threshold_chars"] == chars > kwargs["eviction_target_chars"]
+
+
+def test_serve_imports_the_products_router_from_the_config() -> None:
+    require_serve_deps()
+    from ray.serve.config import RequestRouterConfig  # imports ray: make test-fast runs without it
+
+    from ray_pods.prefix_routing import PrefixAffinityRouter  # imports ray
+
+    router = _router(_app(synth(**RANGES)), "prefill")
+    assert router is not None
+    config = RequestRouterConfig(**router)
+    assert config.get_serialized_request_router_cls()
+    assert config.get_request_router_class() is PrefixAffinityRouter
+
+
+@one_ray
+def test_the_tree_actor_outlives_the_replica_that_created_it_where_rays_own_dies_with_it(local_ray: None) -> None:
+    """A decode replica routes to prefill from inside its placement group, child tasks captured, and so creates
+    prefill's tree actor. When that replica goes (a scale-down, an upgrade) Serve removes its placement group: Ray's
+    own options leave the tree in it, and it dies, and every other caller's routing calls it on; the product's
+    keep it out, and it stays."""
+    require_serve_deps()
+    import ray  # imports ray: make test-fast runs without it
+    from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_tree import PrefixTreeActor  # imports ray
+    from ray.util.placement_group import placement_group, remove_placement_group  # imports ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # imports ray
+
+    from ray_pods.prefix_routing import TREE_ACTOR_NAME, head_node_id, tree_actor_options  # imports ray
+
+    @ray.remote(num_cpus=1)
+    class Replica:
+        def route(self, options: dict[str, Any]) -> None:
+            tree = PrefixTreeActor.options(**options).remote()
+            ray.get(tree.get_smallest_tenants.remote(), timeout=30)
+
+    def alive(namespace: str) -> bool:
+        try:
+            tree = ray.get_actor(TREE_ACTOR_NAME, namespace=namespace)
+            ray.get(tree.get_smallest_tenants.remote(), timeout=30)
+        except (ValueError, ray.exceptions.RayActorError):
+            return False
+        return True
+
+    rays_own = {"name": TREE_ACTOR_NAME, "get_if_exists": True, "lifetime": "detached", "namespace": "serve::t::own"}
+    products = tree_actor_options("serve::t::product", head_node_id())
+    assert head_node_id() is not None
+    group = placement_group([{"CPU": 1}])
+    ray.get(group.ready(), timeout=60)
+    inside = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+    replica = Replica.options(scheduling_strategy=inside).remote()  # type: ignore[attr-defined]
+    ray.get([replica.route.remote(rays_own), replica.route.remote(products)], timeout=60)
+    assert alive("serve::t::own") and alive("serve::t::product")
+    remove_placement_group(group)
+    try:
+        # The group goes asynchronously, and what was in it with it.
+        deadline = time.monotonic() + 60
+        while alive("serve::t::own") and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not alive("serve::t::own")
+        assert alive("serve::t::product")
+    finally:
+        for namespace in ("serve::t::own", "serve::t::product"):
+            with contextlib.suppress(ValueError):
+                ray.kill(ray.get_actor(TREE_ACTOR_NAME, namespace=namespace))
