@@ -134,13 +134,14 @@ def test_bench_row_csv_and_chart(tmp_path: Path) -> None:
 
 
 @pytest.mark.serve
-def test_bench_flags_exist_in_the_installed_vllm(tmp_path: Path) -> None:
-    """Every flag bench passes is one `vllm bench serve` of the image's vLLM accepts."""
+@pytest.mark.parametrize("workload", bench.WORKLOADS)
+def test_bench_flags_exist_in_the_installed_vllm(tmp_path: Path, workload: str) -> None:
+    """Every flag bench passes is one `vllm bench serve` of the image's vLLM accepts, for each workload."""
 
     require_serve_deps()
     command = bench.bench_command(
         base_url="http://127.0.0.1:1", model="m", point=bench_results.Point(1, 1), output_len=1,
-        num_prompts=1, result_dir=tmp_path, result_file="r.json",
+        num_prompts=1, result_dir=tmp_path, result_file="r.json", workload=workload,
     )  # fmt: skip
     assert command[:3] == [sys.executable, "-m", "tools.vllm_bench"]
     help_text = subprocess.run(
@@ -150,6 +151,21 @@ def test_bench_flags_exist_in_the_installed_vllm(tmp_path: Path) -> None:
     flags = [arg for arg in command[3:] if arg.startswith("--")]
     missing = [flag for flag in flags if f"{flag} " not in help_text and f"{flag}\n" not in help_text]
     assert missing == []
+
+
+def test_a_shared_prefix_point_keeps_its_length_in_a_few_long_prefixes(tmp_path: Path) -> None:
+    command = bench.bench_command(
+        base_url="http://x", model="m", point=bench_results.Point(2048, 4), output_len=64,
+        num_prompts=64, result_dir=tmp_path, result_file="r.json", workload=bench.SHARED_PREFIX,
+    )  # fmt: skip
+
+    def flag(name: str) -> str:
+        return command[command.index(name) + 1]
+
+    assert flag("--dataset-name") == "prefix_repetition" and "--random-input-len" not in command
+    prefix, suffix = int(flag("--prefix-repetition-prefix-len")), int(flag("--prefix-repetition-suffix-len"))
+    assert (prefix, prefix + suffix) == (1536, 2048)
+    assert flag("--prefix-repetition-num-prefixes") == "4" and flag("--prefix-repetition-output-len") == "64"
 
 
 def test_plan_prints_the_budget(capsys: pytest.CaptureFixture[str]) -> None:

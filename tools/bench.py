@@ -58,6 +58,12 @@ from tools.cluster_access import (
 )
 from tools.polling import settled
 
+# The workloads: each prompt new, or prompts that share a few long prefixes.
+RANDOM, SHARED_PREFIX = "random", "shared-prefix"
+WORKLOADS = (RANDOM, SHARED_PREFIX)
+SHARED_PREFIXES = 4
+SHARED_PREFIX_SHARE = 0.75
+
 
 def bench_command(
     *,
@@ -69,18 +75,36 @@ def bench_command(
     result_dir: Path,
     result_file: str,
     tokenizer: str | None = None,
+    workload: str = RANDOM,
 ) -> list[str]:
-    """The `vllm bench serve` invocation for one point of the sweep (tokenizer: a local copy, else the model's)."""
+    """The `vllm bench serve` invocation for one point of the sweep (tokenizer: a local copy, else the model's).
+
+    workload: `random`, each prompt new; or `shared-prefix`, vLLM's prefix_repetition dataset: SHARED_PREFIXES
+    prefixes of SHARED_PREFIX_SHARE of the point's length, each with its own random suffixes, shuffled; what a shared
+    system prompt or a conversation's earlier turns look like to the prefix caches and the router."""
     extra = ["--tokenizer", tokenizer] if tokenizer else []
+    if workload == SHARED_PREFIX:
+        prefix = int(point.input_len * SHARED_PREFIX_SHARE)
+        dataset = [
+            "--dataset-name", "prefix_repetition",
+            "--prefix-repetition-prefix-len", str(prefix),
+            "--prefix-repetition-suffix-len", str(point.input_len - prefix),
+            "--prefix-repetition-num-prefixes", str(SHARED_PREFIXES),
+            "--prefix-repetition-output-len", str(output_len),
+        ]  # fmt: skip
+    else:
+        dataset = [
+            "--dataset-name", "random",
+            "--random-input-len", str(point.input_len),
+            "--random-output-len", str(output_len),
+        ]  # fmt: skip
     return [
         sys.executable, "-m", "tools.vllm_bench",
         "--backend", "openai-chat",
         "--endpoint", "/v1/chat/completions",
         "--base-url", base_url,
         "--model", model,
-        "--dataset-name", "random",
-        "--random-input-len", str(point.input_len),
-        "--random-output-len", str(output_len),
+        *dataset,
         "--ignore-eos",
         "--num-prompts", str(num_prompts),
         "--max-concurrency", str(point.concurrency),
@@ -197,6 +221,7 @@ def sweep(
     out: Path,
     serving_mode: str | None = None,
     local_prefill_max_tokens: int = 0,
+    workload: str = RANDOM,
 ) -> list[dict[str, Any]]:
     groups = worker_pods(settings)
     # Decode decodes in P/D mode; in aggregated mode every replica does both.
@@ -220,7 +245,7 @@ def sweep(
             before, engine_before = snapshot()
             command = bench_command(
                 base_url=base, model=settings.model_id, point=point, output_len=output_len,
-                num_prompts=num_prompts, result_dir=out, result_file=name,
+                num_prompts=num_prompts, result_dir=out, result_file=name, workload=workload,
             )  # fmt: skip
             subprocess.run(command, check=True, env=env)  # vLLM's own progress bar shows here
             result = json.loads((out / name).read_text())
@@ -251,6 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--prompts-per-run", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=RANDOM,
+        help=f"random: each prompt new; shared-prefix: {SHARED_PREFIXES} prefixes of "
+        f"{SHARED_PREFIX_SHARE:.0%} of the prompt, for the prefix caches and the prefix-aware router",
+    )
     args = parser.parse_args(raw)
     settings = cli_settings(args.context)
     too_long = [n for n in args.input_lens if n + args.output_len > settings.max_model_len]
@@ -266,8 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"measuring the {mode_label(metadata)} deployment ({metadata['source']})", flush=True)
         rows = sweep(
             settings, points, args.output_len, args.prompts_per_run, args.out,
-            metadata["serving_mode"], metadata.get("local_prefill_max_tokens") or 0,
+            metadata["serving_mode"], metadata.get("local_prefill_max_tokens") or 0, args.workload,
         )  # fmt: skip
+        metadata["workload"] = args.workload
     except ClusterUnreachableError as err:
         print(unreachable_message(settings, err), file=sys.stderr)
         return USAGE_EXIT
