@@ -16,8 +16,9 @@ from tests.conftest import rayservice_from, require_serve_deps, synth
 
 pytestmark = pytest.mark.private_internals
 one_ray = pytest.mark.xdist_group("ray")
-# Both sides with a range, as the rehearsal's scaling case and a user who scales set them.
+# Both sides with a range, as the rehearsal's scaling case and a user who scales set them, and the router on.
 RANGES = {
+    "prefix_cache_routing": True,
     "prefill_max_replicas": 2,
     "prefill_target_ongoing_requests": 2,
     "decode_max_replicas": 2,
@@ -43,10 +44,11 @@ def test_each_side_that_can_run_two_replicas_gets_the_router_and_a_side_of_one_d
     for side in ("prefill", "decode"):
         router = _router(ranged, side)
         assert router is not None and router["request_router_class"] == PREFIX_ROUTER
-    assert _router(_app(synth()), "prefill") is None and _router(_app(synth()), "decode") is None
-    assert all(
-        "request_router_config" not in d for d in _app(synth(**RANGES, prefix_cache_routing=False))["deployments"]
-    )
+    one_each = _app(synth(prefix_cache_routing=True))
+    assert _router(one_each, "prefill") is None and _router(one_each, "decode") is None
+    # Off by default (docs/architecture.md: the CPU rehearsal's scaling case left a new replica idle).
+    default_ranges = {k: v for k, v in RANGES.items() if k != "prefix_cache_routing"}
+    assert all("request_router_config" not in d for d in _app(synth(**default_ranges))["deployments"])
 
 
 def test_the_router_options_serve_reads_are_finite_and_evict_within_each_replicas_kv_cache() -> None:
@@ -61,6 +63,7 @@ def test_the_router_options_serve_reads_are_finite_and_evict_within_each_replica
     found = {d.name: d.request_router_config for d in app.deployments if d.name.startswith(("Prefill:", "Decode:"))}
     assert len(found) == 2
     settings = Settings(**RANGES)  # type: ignore[arg-type]
+    assert settings.prefix_cache_routing
     decode_full_length = sizing.kv_cache_tokens(settings, "decode") // settings.max_model_len
     for side, imbalance in (("prefill", 1.0), ("decode", float(decode_full_length))):
         kwargs = RequestRouterConfig(**found[engine_deployment_name(settings, side)]).request_router_kwargs
