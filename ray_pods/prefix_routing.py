@@ -16,6 +16,13 @@ Two of its defaults do not fit the product, and this class changes only those:
   actor asks for no CPU, is placed outside any placement group (an explicit scheduling strategy is never
   captured), prefers the Ray head (a system node, `num-cpus: 0`, no GPU), and is restarted elsewhere if its node
   goes (`max_restarts=-1`; the tree starts empty again, and routing follows load until it refills).
+- **A routing task holding no request.** Serve's own routers include `FIFOMixin`; Ray's prefix router does not
+  (serve/_private/request_router/pow_2_router.py against prefix_aware_router.py). A spare routing task then
+  asks for a replica with no request (`request_metadata` None), gets one from the cache without awaiting, and
+  Ray's base `_fulfill_next_pending_request` hands it to no one, so the task loops without yielding and freezes
+  every other routing task in the process until the queue-length cache goes stale (10 s). On the CPU
+  rehearsal's scaling case that left a new prefill replica without a request and requests unanswered. Here such
+  a replica goes to the oldest pending request, as `FIFOMixin` does; a real request keeps its exact match.
 - **A request with no text.** Ray divides by the prompt's length (`len(matched_text) / len(input_text)`) and
   raises where a request has neither `messages` nor `prompt`; such a request (token ids, an image alone, or an
   embeddings call) is routed here by power of two choices instead.
@@ -79,6 +86,22 @@ class PrefixAffinityRouter(PrefixCacheAffinityRouter):  # type: ignore[misc]  # 
             ray.get(controller._register_shutdown_cleanup_actor.remote(actor))
             kwargs["tree_actor"] = actor
         super().initialize_state(**kwargs)
+
+    def _fulfill_next_pending_request(self, replica: Any, request_metadata: Any = None) -> None:
+        """A replica chosen for no request in particular goes to the oldest pending one (FIFOMixin's rule); one
+        chosen for a request goes to that request, as in Ray's router."""
+        if request_metadata is not None:
+            super()._fulfill_next_pending_request(replica, request_metadata)
+            return
+        # FIFOMixin._fulfill_next_pending_request's queue walk (serve/_private/request_router/request_router.py); its
+        # metadata match needs FIFOMixin's own helper and matches nothing without metadata.
+        while self._pending_requests_to_fulfill:
+            pending = self._pending_requests_to_fulfill.popleft()
+            if not pending.future.done():
+                self._record_queue_wait_time(pending)
+                pending.future.set_result(replica)
+                self._remove_pending_request_from_indices(pending)
+                return
 
     def _extract_text_from_request(self, pending_request: Any) -> str | None:
         """The prompt's text, or None (power of two choices) where there is none to match."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -135,3 +136,39 @@ def test_the_tree_actor_outlives_the_replica_that_created_it_where_rays_own_dies
         for namespace in ("serve::t::own", "serve::t::product"):
             with contextlib.suppress(ValueError):
                 ray.kill(ray.get_actor(TREE_ACTOR_NAME, namespace=namespace))
+
+
+@one_ray
+def test_a_replica_chosen_for_no_request_goes_to_the_oldest_pending_one(local_ray: None) -> None:
+    """The spin that froze decode's routing on the CPU rehearsal: a spare routing task holds no request and is handed
+    a replica. Ray's prefix router gives it to no one, and the task loops without yielding; the product's gives it
+    to the oldest pending request, as Serve's own routers do."""
+    require_serve_deps()
+    from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (  # imports ray
+        PrefixCacheAffinityRouter,
+    )
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata  # imports ray
+    from ray.serve._private.request_router.common import PendingRequest  # imports ray
+
+    from ray_pods.prefix_routing import PrefixAffinityRouter  # imports ray
+
+    async def handed(router_class: type) -> list[str | None]:
+        router = router_class(
+            deployment_id=DeploymentID(name="Prefill", app_name="llm"), handle_source=DeploymentHandleSource.REPLICA
+        )
+        pending = [
+            PendingRequest(
+                args=[], kwargs={}, metadata=RequestMetadata(request_id=f"r{i}", internal_request_id=f"i{i}")
+            )
+            for i in range(2)
+        ]
+        for request in pending:
+            router._pending_requests_to_fulfill.append(request)
+            router._add_pending_request_to_indices(request)
+        router._fulfill_next_pending_request("replica B", None)
+        # A request's own choice still goes to that request, not to the oldest.
+        router._fulfill_next_pending_request("replica A", pending[1].metadata)
+        return [request.future.result() if request.future.done() else None for request in pending]
+
+    assert asyncio.run(handed(PrefixAffinityRouter)) == ["replica B", "replica A"]
+    assert asyncio.run(handed(PrefixCacheAffinityRouter)) == [None, "replica A"]
