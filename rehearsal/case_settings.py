@@ -21,7 +21,8 @@ from rehearsal.keys import KEY_SETTINGS
 SERVING_SETTINGS = {**KEY_SETTINGS, "typical_request_tokens": "1024", "local_prefill_max_tokens": "0"}
 # The scaling case: a range on prefill, as a user sets it (README "Scaling": prefill aims at 1 or 2), and one on
 # decode whose target the case's load never reaches (6 clients, 8 a replica): decode's room for the surge
-# replica (rehearsal/surge.py), while only prefill scales with traffic.
+# replica (rehearsal/surge.py), while only prefill scales with traffic. Both sides ranged run the prefix-aware
+# router (ray_pods/prefix_routing.py), the product's default for a side that can run two replicas.
 SCALING_SETTINGS = {
     **SERVING_SETTINGS,
     "prefill_max_replicas": "2",

@@ -241,7 +241,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         unset="4,096 tokens, the public guidance below which splitting does not pay, at most `max_model_len`; 0 in `aggregated` mode",
     ),
     "prefix_cache_routing": SettingDoc(
-        "Ray's prefix-cache affinity router on each engine deployment that can run more than one replica: a prompt goes to the replica that already holds its prefix (a shared system prompt, a conversation) while the replicas' queues are close (within 1 on prefill; within the full-length sequences its KV cache holds on decode), else to the less loaded one; its tree of prompts is kept within each replica's KV cache (see \"Which requests are split\"). Switching it restarts every replica of the app. Off by default: on the CPU rehearsal's scaling case it left a new prefill replica without a request under load",
+        "Ray's prefix-cache affinity router on each engine deployment that can run more than one replica: a prompt goes to the replica that already holds its prefix (a shared system prompt, a conversation) while the replicas' queues are close (within 1 on prefill; within the full-length sequences its KV cache holds on decode), else to the less loaded one; its tree of prompts is kept within each replica's KV cache (see \"Which requests are split\"). Switching it restarts every replica of the app.",
         _BOOL,
     ),
     "ray_image": SettingDoc(

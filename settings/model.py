@@ -138,9 +138,7 @@ class Settings:
     # Prefix-aware routing (ray_pods/prefix_routing.py) on each engine deployment that can run more than one
     # replica: a prompt goes to the replica that already holds its prefix while the replicas' loads are close.
     # Switching it restarts every replica of the app (Serve hashes each deployment's router into the code version).
-    # Off: on the CPU rehearsal's scaling case it left a new prefill replica without a request under load
-    # (docs/architecture.md, "Which replica a request goes to").
-    prefix_cache_routing: bool = False
+    prefix_cache_routing: bool = True
     ray_image: str = catalog.DEFAULT_RAY_IMAGE
     # Pull ray_image (on public ECR) through an ECR pull-through cache rule with this repository prefix,
     # in the stack's account and region (docs/operations.md, "A regional copy of the image"); None: from

@@ -129,8 +129,8 @@ SERVE_CHANGES: dict[str, tuple[Pair, Impact, str]] = {
     ),
     # Each side's router is in Serve's code version (deploy_utils.py, request_router_configs): switching prefix-aware
     # routing restarts every replica, and the PR comment must say so.
-    "prefix routing on": (
-        lambda: (synth(**RANGES), synth(**RANGES, prefix_cache_routing=True)),
+    "prefix routing off": (
+        lambda: (synth(**RANGES), synth(**RANGES, prefix_cache_routing=False)),
         Impact.REPLICAS_RESTARTED,
         "code version",
     ),

@@ -47,9 +47,11 @@ def test_each_side_that_can_run_two_replicas_gets_the_router_and_a_side_of_one_d
         assert router is not None and router["request_router_class"] == PREFIX_ROUTER
     one_each = _app(synth(prefix_cache_routing=True))
     assert _router(one_each, "prefill") is None and _router(one_each, "decode") is None
-    # Off by default (docs/architecture.md: the CPU rehearsal's scaling case left a new replica idle).
+    # On by default, and off when switched off.
     default_ranges = {k: v for k, v in RANGES.items() if k != "prefix_cache_routing"}
-    assert all("request_router_config" not in d for d in _app(synth(**default_ranges))["deployments"])
+    assert _router(_app(synth(**default_ranges)), "decode") is not None
+    switched_off = _app(synth(**{**RANGES, "prefix_cache_routing": False}))
+    assert all("request_router_config" not in d for d in switched_off["deployments"])
 
 
 def test_the_router_options_serve_reads_are_finite_and_evict_within_each_replicas_kv_cache() -> None:
