@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from settings import Settings
 from tests.support.bench_result import RESULT
 from tests.support.fake_cluster import KEY, FakeCluster
-from tools import bench, bench_results
+from tools import bench, bench_mixed, bench_results
 from tools.cluster_access import EngineSnapshot, Histogram, NixlSnapshot, histogram
 
 # A recorded run, at 4 requests (the rehearsal's size).
@@ -173,3 +174,95 @@ def test_sweep_runs_vllms_bench_with_the_key_and_flags_recompute(
     assert KEY not in " ".join(runs[0]["command"])
     assert rows[0]["nixl_transfers"] == 3 and rows[0]["requests_without_transfer"] == 1
     assert "WARNING: 1 of 4 requests had no NIXL transfer" in capsys.readouterr().out
+
+
+# --- the mixed workload: Azure's 2023 conversation trace's classes, as vLLM's own bench reads them ----------
+def test_the_mixed_workload_is_the_conversation_traces_classes_in_its_proportions() -> None:
+    """The counts and medians counted from AzureLLMInferenceTrace_conv.csv (Splitwise, ISCA 2024): 19,366
+    requests, 39.5% short, 46.6% medium, 14.0% long; 64 prompts are 25, 30 and 9 of them, shuffled."""
+    classes = {name: (count, prompt, output) for name, count, prompt, output in bench_mixed.MIXED_TRACE_CLASSES}
+    assert classes == {"short": (7643, 386, 98), "medium": (9020, 1085, 396), "long": (2703, 4077, 67)}
+    total = sum(count for count, _, _ in classes.values())
+    assert total == 19366
+    assert [round(count / total, 3) for count, _, _ in classes.values()] == [0.395, 0.466, 0.14]
+    lengths = bench_mixed.mixed_lengths(64, 8192)
+    assert Counter(lengths) == {(386, 98): 25, (1085, 396): 30, (4077, 67): 9}
+    assert lengths != sorted(lengths) and lengths == bench_mixed.mixed_lengths(64, 8192)  # shuffled, the same each run
+    assert bench_mixed.mixed_input_len(8192) == round((7643 * 386 + 9020 * 1085 + 2703 * 4077) / 19366) == 1227
+    # A shorter max_model_len cuts the long prompts to leave room for their output, and nothing else.
+    assert Counter(bench_mixed.mixed_lengths(64, 4096)) == {(386, 98): 25, (1085, 396): 30, (4029, 67): 9}
+    assert sum(Counter(bench_mixed.mixed_lengths(10, 8192)).values()) == 10
+
+
+class _Tokenizer:
+    """What vLLM's timed_trace dataset asks of a tokenizer."""
+
+    all_special_ids = (0,)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {f"t{i}": i for i in range(1000)}
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+
+def test_vllms_own_parser_and_dataset_give_each_mixed_request_its_lengths(tmp_path: Path) -> None:
+    """The command parses with the installed vLLM's `vllm bench serve` parser, and its timed_trace dataset reads the
+    file bench writes into exactly the mix's lengths, each prompt new, sent at the concurrency, not the timestamps."""
+    from vllm.benchmarks.datasets.datasets import get_samples
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    command = bench.bench_command(
+        base_url="http://x", model="m", point=bench_results.Point(bench_mixed.mixed_input_len(4096), 4), output_len=1,
+        num_prompts=64, result_dir=tmp_path, result_file="run-1-4.json", workload=bench.MIXED,
+    )  # fmt: skip
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args(command[3:])
+    assert (args.dataset_name, args.self_timed, args.max_concurrency, args.num_prompts) == ("timed_trace", False, 4, 64)
+    prompt_lens = bench_mixed.write_mixed_requests(Path(args.dataset_path), 64, 4096)
+    samples = get_samples(args, _Tokenizer())
+    assert [(s.prompt_len, s.expected_output_len) for s in samples] == bench_mixed.mixed_lengths(64, 4096)
+    assert [s.prompt_len for s in samples] == prompt_lens
+    assert len({s.prompt for s in samples}) == 64
+
+
+def test_a_mixed_point_expects_kv_only_from_its_prompts_above_the_threshold() -> None:
+    lens = [n for n, _ in bench_mixed.mixed_lengths(64, 8192)]
+    result = {**RESULT, "completed": 64}
+    point = bench_results.Point(bench_mixed.mixed_input_len(8192), 4)
+
+    def row(transfers: int, threshold: int) -> dict[str, Any]:
+        return bench_results.row(
+            point, result, NixlSnapshot(0, 0, 0), NixlSnapshot(transfers, 1.0, 0),
+            serving_mode="disaggregated", local_prefill_max_tokens=threshold, prompt_lens=lens,
+        )  # fmt: skip
+
+    # Threshold 1,024: the 25 short prompts stay on decode, the 39 others move KV.
+    assert row(39, 1024)["requests_without_transfer"] == 0
+    assert "25 of 64 prompts of at most local_prefill_max_tokens = 1024" in row(39, 1024)["notes"]
+    assert row(30, 1024)["requests_without_transfer"] == 9
+    assert row(60, 0)["requests_without_transfer"] == 4  # always split: every request moves KV
+    assert row(0, 4096)["requests_without_transfer"] is None  # all of the mix is prefilled on decode
+
+
+def test_a_mixed_sweep_writes_the_requests_file_vllm_reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cluster = FakeCluster()
+    read: list[list[dict[str, Any]]] = []
+
+    def run(command: list[str], check: bool, env: dict[str, str]) -> None:
+        dataset = Path(command[command.index("--dataset-path") + 1])
+        read.append([json.loads(line) for line in dataset.read_text().splitlines()])
+        out = Path(command[command.index("--result-dir") + 1])
+        (out / command[command.index("--result-filename") + 1]).write_text(json.dumps(RESULT))
+
+    monkeypatch.setattr(bench, "worker_pods", lambda s: {"decode": [{"metadata": {"name": "w-decode"}}]})
+    monkeypatch.setattr(bench, "metrics_text", lambda namespace, pod: "")
+    monkeypatch.setattr(bench, "port_forward", cluster.port_forward)
+    monkeypatch.setattr(bench, "endpoint_key", lambda s: None)
+    monkeypatch.setattr("tools.bench.subprocess.run", run)
+    monkeypatch.setattr(time, "sleep", cluster.sleep)
+    point = bench_results.Point(bench_mixed.mixed_input_len(4096), 1)
+    bench.sweep(Settings(max_model_len=4096), [point], 16, 64, tmp_path, workload=bench.MIXED)
+    assert [(r["input_length"], r["output_length"]) for r in read[0]] == bench_mixed.mixed_lengths(64, 4096)

@@ -3,6 +3,7 @@ and compare two such sweeps.
 
     python -m tools.bench [-c key=value ...] [--input-lens 512,2048,6144] [--concurrency 1,4,16]
                           [--output-len 128] [--prompts-per-run 64] [--out bench-results]
+                          [--workload random|shared-prefix|mixed]
     python -m tools.bench compare A B [--ttft-slo-ms 2000] [--itl-slo-ms 100] [--out compare.png]
 
 For each point it runs vLLM's own load generator (random prompts, the model's
@@ -43,6 +44,12 @@ from settings import Settings
 from settings.cli import USAGE_EXIT, cli_settings
 from tools.bench_compare import main as compare_main
 from tools.bench_compare import mode_label
+from tools.bench_mixed import (
+    TRACE_CHUNK_TOKENS,
+    mixed_input_len,
+    mixed_requests_path,
+    write_mixed_requests,
+)
 from tools.bench_results import Point, row, write_chart, write_csv
 from tools.cluster_access import (
     ClusterUnreachableError,
@@ -58,9 +65,9 @@ from tools.cluster_access import (
 )
 from tools.polling import settled
 
-# The workloads: each prompt new, or prompts that share a few long prefixes.
-RANDOM, SHARED_PREFIX = "random", "shared-prefix"
-WORKLOADS = (RANDOM, SHARED_PREFIX)
+# The workloads: each prompt new, prompts that share a few long prefixes, or short and long prompts mixed.
+RANDOM, SHARED_PREFIX, MIXED = "random", "shared-prefix", "mixed"
+WORKLOADS = (RANDOM, SHARED_PREFIX, MIXED)
 SHARED_PREFIXES = 4
 SHARED_PREFIX_SHARE = 0.75
 
@@ -79,11 +86,21 @@ def bench_command(
 ) -> list[str]:
     """The `vllm bench serve` invocation for one point of the sweep (tokenizer: a local copy, else the model's).
 
-    workload: `random`, each prompt new; or `shared-prefix`, vLLM's prefix_repetition dataset: SHARED_PREFIXES
+    workload: `random`, each prompt new; `shared-prefix`, vLLM's prefix_repetition dataset: SHARED_PREFIXES
     prefixes of SHARED_PREFIX_SHARE of the point's length, each with its own random suffixes, shuffled; what a shared
-    system prompt or a conversation's earlier turns look like to the prefix caches and the router."""
+    system prompt or a conversation's earlier turns look like to the prefix caches and the router; or `mixed`,
+    vLLM's timed_trace dataset reading each request's prompt and output lengths from the file write_mixed_requests
+    writes (mixed_requests_path), sent at the point's concurrency, not at the file's timestamps (--no-self-timed);
+    the point's length and output_len do not apply."""
     extra = ["--tokenizer", tokenizer] if tokenizer else []
-    if workload == SHARED_PREFIX:
+    if workload == MIXED:
+        dataset = [
+            "--dataset-name", "timed_trace",
+            "--dataset-path", str(mixed_requests_path(result_dir, result_file)),
+            "--timed-trace-chunk-hash-size", str(TRACE_CHUNK_TOKENS),
+            "--no-self-timed",
+        ]  # fmt: skip
+    elif workload == SHARED_PREFIX:
         prefix = int(point.input_len * SHARED_PREFIX_SHARE)
         dataset = [
             "--dataset-name", "prefix_repetition",
@@ -242,6 +259,9 @@ def sweep(
                 flush=True,
             )
             name = f"run-{point.input_len}-{point.concurrency}.json"
+            prompt_lens: list[int] = []
+            if workload == MIXED:
+                prompt_lens = write_mixed_requests(mixed_requests_path(out, name), num_prompts, settings.max_model_len)
             before, engine_before = snapshot()
             command = bench_command(
                 base_url=base, model=settings.model_id, point=point, output_len=output_len,
@@ -254,6 +274,7 @@ def sweep(
                 row(
                     point, result, before, after, engine_before, engine_after,
                     serving_mode=serving_mode, local_prefill_max_tokens=local_prefill_max_tokens,
+                    prompt_lens=prompt_lens,
                 )
             )  # fmt: skip
             print(
@@ -281,18 +302,25 @@ def main(argv: list[str] | None = None) -> int:
         choices=WORKLOADS,
         default=RANDOM,
         help=f"random: each prompt new; shared-prefix: {SHARED_PREFIXES} prefixes of "
-        f"{SHARED_PREFIX_SHARE:.0%} of the prompt, for the prefix caches and the prefix-aware router",
+        f"{SHARED_PREFIX_SHARE:.0%} of the prompt, for the prefix caches and the prefix-aware router; "
+        "mixed: short, medium and long prompts and outputs in the proportions of Azure's 2023 conversation "
+        "trace (--input-lens and --output-len do not apply)",
     )
     args = parser.parse_args(raw)
     settings = cli_settings(args.context)
-    too_long = [n for n in args.input_lens if n + args.output_len > settings.max_model_len]
-    if too_long:
-        print(
-            f"error: prompt lengths {too_long} + output exceed max_model_len {settings.max_model_len}", file=sys.stderr
-        )
-        return 1
+    if args.workload == MIXED:
+        # One point per concurrency: the lengths are the trace's, cut to max_model_len.
+        points = [Point(mixed_input_len(settings.max_model_len), c) for c in args.concurrency]
+    else:
+        too_long = [n for n in args.input_lens if n + args.output_len > settings.max_model_len]
+        if too_long:
+            print(
+                f"error: prompt lengths {too_long} + output exceed max_model_len {settings.max_model_len}",
+                file=sys.stderr,
+            )
+            return 1
+        points = [Point(n, c) for n in args.input_lens for c in args.concurrency]
     args.out.mkdir(parents=True, exist_ok=True)
-    points = [Point(n, c) for n in args.input_lens for c in args.concurrency]
     try:
         metadata = live_metadata(settings)
         print(f"measuring the {mode_label(metadata)} deployment ({metadata['source']})", flush=True)

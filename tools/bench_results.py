@@ -90,21 +90,33 @@ def row(
     *,
     serving_mode: str | None = None,
     local_prefill_max_tokens: int = 0,
+    prompt_lens: Sequence[int] = (),
 ) -> dict[str, Any]:
     """One CSV row from a `vllm bench serve` result file and the counters around it.
 
     serving_mode "disaggregated": a point with fewer NIXL transfers than completed requests is
     flagged (None: the mode is unknown, nothing is flagged), unless its prompts are at most
-    local_prefill_max_tokens, which decode prefills itself and moves no KV for.
+    local_prefill_max_tokens, which decode prefills itself and moves no KV for. prompt_lens: each
+    request's prompt length when they differ (the mixed workload), else every prompt is point.input_len;
+    only the prompts longer than the threshold are expected to move KV.
     """
     transfers = after.transfers - before.transfers
     seconds = after.transfer_seconds - before.transfer_seconds
     completed = result.get("completed") or 0
-    local = serving_mode == "disaggregated" and point.input_len <= local_prefill_max_tokens
-    missing = max(0, int(completed - transfers)) if serving_mode == "disaggregated" and not local else None
+    lens = list(prompt_lens) or [point.input_len]
+    short = sum(n <= local_prefill_max_tokens for n in lens)
+    local = serving_mode == "disaggregated" and short == len(lens)
+    # Of a mix, the short requests' share of those completed are prefilled on decode by design.
+    expected = completed - round(completed * short / len(lens)) if serving_mode == "disaggregated" else 0
+    missing = max(0, int(expected - transfers)) if serving_mode == "disaggregated" and not local else None
     notes = []
     if local:
         notes.append(f"prefilled on decode: prompts of at most local_prefill_max_tokens = {local_prefill_max_tokens}")
+    elif serving_mode == "disaggregated" and short:
+        notes.append(
+            f"prefilled on decode: {short} of {len(lens)} prompts of at most local_prefill_max_tokens = "
+            f"{local_prefill_max_tokens}"
+        )
     if missing:
         notes.append(
             f"{missing} of {completed} requests had no NIXL transfer: prefilled again on decode (local recompute)"
