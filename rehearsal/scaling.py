@@ -15,11 +15,13 @@ and one replica's CPUs, as Ray's autoscaler starts a pod of the prefill group an
 Autoscaler a node for it (their part is tested on the synthesized template: tests/test_scaling.py).
 
 Load: LOAD clients, each sending prefill-heavy streams one after another (a long prompt of its own,
-so that no prefix cache spares a transfer, and a short answer). After the load the side must return
-to one replica while idle. The case's surge phase (rehearsal/surge.py) then starts a prefill replica
-where one stopped before, on the same node and likely the same rank, so the same NIXL name as the one
-that stopped without ray_pods/nixl_incarnation.py (vllm#49238): decode must still shake hands with
-it, and that phase checks every engine's name.
+so that no prefix cache spares a transfer, and a short answer). Once two replicas serve, prefill's minimum is held
+at two in place and, after the load, the prefix-routing run (rehearsal/prefix_affinity.py) sends prompts that
+share prefixes to both; then the minimum goes back to one and the side must return to one replica while idle.
+The case's surge phase (rehearsal/surge.py) then starts a prefill replica where one stopped before, on
+the same node and likely the same rank, so the same NIXL name as the one that stopped without
+ray_pods/nixl_incarnation.py (vllm#49238): decode must still shake hands with it, and that phase checks every
+engine's name.
 
 Recorded: the prefill replicas over time (state and node), each step's time, the prompt tokens the
 new replica computed, decode's NIXL counters, and what every client got. Required: each step
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rehearsal import streams
+from rehearsal import prefix_affinity, streams
 from rehearsal.case_settings import SCALING_SETTINGS
 from rehearsal.cluster import start_worker, stop_node_b
 from rehearsal.context import Context
@@ -79,8 +81,9 @@ PROMPT_WORDS = 400
 # defaults). Each limit is the slowest run seen with its margin (rehearsal/margins.py).
 UP_WITHIN_S = SCALE_UP.limit_s
 DOWN_WITHIN_S = SCALE_DOWN.limit_s
-# Load kept on two replicas, so that the new one serves for a while.
-SERVE_ON_TWO_S = 10.0
+# Load kept on two replicas, so that the new one serves for a while (10 s until the prefix-routing run followed it
+# on both replicas: the new one computed 33,702 prompt tokens in those 10 s).
+SERVE_ON_TWO_S = 5.0
 POLL_S = 2.0
 PREFILL_LOG = streams.DEPLOYMENTS[SIDE]
 NIXL_NAME = re.compile(rf"NIXL engine id ({SIDE}-\S+) \(was ({SIDE}-\S+)\)")
@@ -246,6 +249,21 @@ def prefill_names(temp_dir: Path) -> list[tuple[str, str]]:
     return found
 
 
+def with_prefill_minimum(ctx: Context, minimum: int) -> dict[str, Any]:
+    """The running config with prefill's autoscaling minimum set: a bound, which Serve applies in place. (The
+    product refuses `prefill_replicas` equal to its maximum with a target, so the rehearsal sets Serve's own
+    field, as bound_change_check showed a bound reaches the app.)"""
+    config = copy.deepcopy(ctx.config)
+    name = deployment_name_of(ctx.model_id, SIDE)
+    (entry,) = [d for d in config["applications"][0]["deployments"] if d["name"] == name]
+    entry["autoscaling_config"]["min_replicas"] = minimum
+    return config
+
+
+def _put(ctx: Context, config: dict[str, Any]) -> None:
+    http(f"{ctx.dashboard}/api/serve/applications/", config, method="PUT", timeout=60, headers=ctx.headers)
+
+
 def scaling_check(ctx: Context) -> list[Any]:
     if ctx.nodes is None:
         raise RuntimeError("the scaling phase needs the rehearsal's nodes")
@@ -259,6 +277,7 @@ def scaling_check(ctx: Context) -> list[Any]:
 
     steps: dict[str, float | None] = {}
     outcomes: list[streams.Outcome] = []
+    affinity: prefix_affinity.Run | None = None
     with third_node(ctx.nodes) as node_c, Timeline(ctx, deployment) as timeline:
         try:
             start_worker(ctx.env, ctx.temp_dir, node_c, ip=NODE_C_IP, iface=NODE_C_IFACE, resources={SIDE: 1})
@@ -274,12 +293,23 @@ def scaling_check(ctx: Context) -> list[Any]:
                         steps[step] = timeline.wait_for(running, UP_WITHIN_S)
                         sets.append(set(timeline.replicas()))
                         time.sleep(SERVE_ON_TWO_S)
+                        if steps[step] is not None:
+                            # Held at two before the load stops, for the prefix-routing run on both replicas.
+                            _put(ctx, with_prefill_minimum(ctx, 2))
                     outcomes += load.outcomes
+                    tokens.append(_prompt_tokens())
+                    if steps[step] is not None:
+                        affinity = prefix_affinity.measure(ctx)
+                        outcomes += affinity.outcomes
+                        _put(ctx, ctx.config)
                 else:
                     steps[step] = timeline.wait_for(running, DOWN_WITHIN_S)
                     sets.append(set(timeline.replicas()))
-                tokens.append(_prompt_tokens())
-            transfers_after, failed_after = settled(decode_nixl_counters)
+                    tokens.append(_prompt_tokens())
+            # No request since the prefix-routing run, whose last reading held still: its counters are the phase's.
+            transfers_after, failed_after = (
+                settled(decode_nixl_counters) if affinity is None else affinity.decode_node_after
+            )
         finally:
             stop_node_b(node_c)
     nodes = timeline.nodes_of()
@@ -323,6 +353,9 @@ def scaling_check(ctx: Context) -> list[Any]:
             f"prompt tokens by the new replica's node while the load ran: {served} (decode is on {WORKER_IP})",
         )
     )
+    if affinity is not None:
+        prefix_affinity.report(ctx, affinity)
+        found += prefix_affinity.run_checks(affinity)
     found.append(
         Check(
             "scaling: every request succeeded, one NIXL transfer each, none failed",

@@ -223,7 +223,8 @@ def _short_ttfts(ctx: Context) -> ShortTtfts:
     )
 
 
-def _ms(found: tuple[float, float, float] | None) -> str:
+def interval_ms(found: tuple[float, float, float] | None) -> str:
+    """A median and its interval, in ms: '62 ms [57, 66]'."""
     return "none" if found is None else f"{found[0]:.0f} ms [{found[1]:.0f}, {found[2]:.0f}]"
 
 
@@ -287,7 +288,7 @@ def selective_check(ctx: Context) -> list[Any]:
             for route, found in summary.items()
         }
     )
-    compared = ", ".join(f"{route} {_ms(found)}" for route, found in summary.items())
+    compared = ", ".join(f"{route} {interval_ms(found)}" for route, found in summary.items())
     ctx.log_lines.append(
         f"short prompts' TTFT, {TTFT_ROUNDS} of each, one at a time, median [95% interval]: {compared}: "
         f"{ttfts.verdict()}; {ttfts.transfers:g} NIXL transfers; failed {ttfts.failed}; sent in {ttfts.sending_s} s, "
