@@ -31,6 +31,7 @@ from rehearsal import (
     readiness,
     scaling,
     selective,
+    selective_mix,
     surge,
     sustained_load,
 )
@@ -115,7 +116,15 @@ CASE_PHASES: dict[str, tuple[Phase, ...]] = {
         node_loss.node_loss_check,
         keys.key_log_scan,
     ),
-    "aggregated": (keys.key_checks, readiness.readiness_check, checks.verify_checks, checks.bench, keys.key_log_scan),
+    # The mix before the bench: the third column of selective's comparison (rehearsal/selective_mix.py).
+    "aggregated": (
+        keys.key_checks,
+        readiness.readiness_check,
+        checks.verify_checks,
+        selective_mix.aggregated_mix_check,
+        checks.bench,
+        keys.key_log_scan,
+    ),
     # The bound change first: the scaling then runs on the target it set in place; the surge last (it restarts
     # every replica, then stops node C, where the new ones run).
     "scaling": (scaling.bound_change_check, scaling.scaling_check, surge.surge_check),

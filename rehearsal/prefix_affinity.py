@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rehearsal import streams
 from rehearsal.context import Context
 from rehearsal.network import DECODE_METRICS, NODE_C_METRICS, PREFILL_METRICS, decode_nixl_counters, http, metrics_text
-from rehearsal.selective import interval_ms
+from rehearsal.selective_mix import interval_ms
 from tools.bench_compare import percentile_interval
 from tools.checks import Check
 from tools.cluster_access import Histogram

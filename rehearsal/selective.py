@@ -3,15 +3,13 @@
 The pd case deploys with a threshold of 0 (every request split; rehearsal/case_settings.py), which every other
 phase relies on. This phase sets a threshold as the product synthesizes it (decode's user_config in `deployments`),
 PUT to the running app as KubeRay does: Serve must apply it through the running decode replica's `reconfigure`,
-with no replica restarted. Then three requests at once, read from the engines' own counters (decode's NIXL
-transfers, prefill's vllm:prompt_tokens) after one quiet export: a short prompt, a long one, and another long one
-sent with `x-pd-prefill: local`; only the long one may move KV or reach prefill. Decode's route counter must count
-each by where and why, and the long prompt sent again must hit both sides' prefix caches. Then short prompts'
-TTFT both ways, like with like on the same engines: prefilled on decode by the threshold, and split by the header
-(as a threshold of 0 splits them), one at a time and alternating, with each route's median and its bootstrap
-interval; only the split ones may move KV. Last, the threshold
-goes back to the deployed 0 the same way, so that the phases after this one see the app as deployed. Decode's log
-says how long counting each prompt took.
+with no replica restarted. First, short and long prompts at one concurrency, always-split against selective on
+the same engines (rehearsal/selective_mix.py); its quiet reading after is the baseline of what follows. Then three
+requests at once, read from the engines' own counters (decode's NIXL transfers, prefill's vllm:prompt_tokens) after
+one quiet export: a short prompt, a long one, and another long one sent with `x-pd-prefill: local`; only the long
+one may move KV or reach prefill. Decode's route counter must count each by where and why, and the long prompt sent
+again must hit both sides' prefix caches. Last, the threshold goes back to the deployed 0 the same way, so that the
+phases after this one see the app as deployed. Decode's log says how long counting each prompt took.
 """
 
 from __future__ import annotations
@@ -22,20 +20,19 @@ import re
 import statistics
 import time
 import urllib.request
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from rehearsal import selective_mix
 from rehearsal.cluster import ray_logs
 from rehearsal.context import Context
 from rehearsal.deploy import cpu_serve_config, product_rayservice
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, http, metrics_text
-from rehearsal.streams import stream_chat
 from serve_config.deployments import LOCAL_PREFILL_KEY, PREFILL_ROUTE_HEADER, deployment_name_of, options_of
-from tools.bench_compare import percentile_interval
 from tools.checks import Check
 from tools.cluster_access import PROMPT_TOKENS, NixlSnapshot, metric_total
 from tools.polling import poll, settled
@@ -56,10 +53,8 @@ POLL_S = 2.0
 PREFIX_CACHE_HITS = "ray_vllm_prefix_cache_hits_total"
 # ray_pods/selective_pd.py's REQUESTS_METRIC, as Ray's exporter names a counter.
 ROUTES_SERIES = "ray_pd_prefill_requests_total"
-# Short prompts' TTFT both ways: this many of each, alternating which goes first.
-TTFT_ROUNDS = 12
-TTFT_MAX_TOKENS = 2
-LOCAL, SPLIT = "local", "split"
+# vLLM's nixl_bytes_transferred histogram's sum, as Ray's exporter names it.
+NIXL_BYTES = "ray_vllm_nixl_bytes_transferred_sum"
 ROUTE_LINE = re.compile(r"prefill (local|split) \(([^)]*)\): (\S+) prompt tokens, counted in ([0-9.]+) ms")
 
 
@@ -83,12 +78,14 @@ def _chat(ctx: Context, prompt: str, headers: dict[str, str] | None = None) -> i
 
 @dataclass(frozen=True)
 class Counters:
-    """Decode's NIXL transfers, prefill's prompt tokens, and each side's prefix-cache hits (tokens)."""
+    """Decode's NIXL transfers, prefill's prompt tokens, each side's prefix-cache hits (tokens), and the bytes NIXL
+    moved to decode."""
 
     transfers: float
     prefill_prompt_tokens: float
     prefill_hits: float
     decode_hits: float
+    nixl_bytes: float
 
 
 def _read() -> Counters:
@@ -98,6 +95,7 @@ def _read() -> Counters:
         metric_total(prefill, PROMPT_TOKENS) or 0.0,
         metric_total(prefill, PREFIX_CACHE_HITS) or 0.0,
         metric_total(decode, PREFIX_CACHE_HITS) or 0.0,
+        metric_total(decode, NIXL_BYTES) or 0.0,
     )
 
 
@@ -151,6 +149,39 @@ def _routes(text: str) -> dict[tuple[str, str], float]:
     return found
 
 
+def _logged(ctx: Context) -> dict[str, tuple[str, ...]]:
+    """Decode's route lines so far, each once (a replica's line may be in its log file and its worker's output
+    both): (route, reason, tokens, ms) by line."""
+    lines = dict.fromkeys(line for line in ray_logs(ctx.temp_dir).splitlines() if ROUTE_LINE.search(line))
+    return {line: match.groups() for line in lines if (match := ROUTE_LINE.search(line))}
+
+
+def _counted_ms(logged: Iterable[tuple[str, ...]]) -> list[float]:
+    """How long counting took, for the requests the threshold decided (a header skips the count)."""
+    return [float(ms) for _, reason, _, ms in logged if reason in ("short prompt", "long prompt")]
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "none"
+    return f"median {statistics.median(values):.1f} ms, max {max(values):.1f} ms"
+
+
+def _routes_grown(
+    before: dict[tuple[str, str], float], wanted: dict[tuple[str, str], float]
+) -> dict[tuple[str, str], float]:
+    """Decode's route counter once Ray's export shows at least the wanted growth by (prefill, reason)."""
+    return poll(
+        lambda: _routes(metrics_text(DECODE_METRICS)),
+        lambda now: all(now.get(k, 0.0) - before.get(k, 0.0) >= n for k, n in wanted.items()),
+    )
+
+
+def _added(before: dict[tuple[str, str], float], now: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """The growth by (prefill, reason), where there was any."""
+    return {k: now.get(k, 0.0) - before.get(k, 0.0) for k in sorted({*now, *before}) if now.get(k) != before.get(k)}
+
+
 def _grown(before: Counters, *, transfers: float, prompt_tokens: float) -> Counters:
     """The counters once Ray's export shows at least this much growth, then holds still for one export."""
     poll(
@@ -163,81 +194,24 @@ def _grown(before: Counters, *, transfers: float, prompt_tokens: float) -> Count
     return _counters()
 
 
-@dataclass(frozen=True)
-class ShortTtfts:
-    """Short prompts' TTFT as a client sees it, prefilled on decode and split, and what they moved."""
-
-    seconds: dict[str, list[float]]
-    failed: list[str]
-    transfers: float
-    # How long the requests took, and the wait for Ray's export to show their transfers and hold still.
-    sending_s: float
-    settling_s: float
-
-    def summary(self) -> dict[str, tuple[float, float, float] | None]:
-        """Each route's median TTFT (ms) and its 95% bootstrap interval, and the median of the paired differences
-        (split minus local, round by round)."""
-        rng = np.random.default_rng(0)
-        found: dict[str, tuple[float, float, float] | None] = {}
-        for route in (LOCAL, SPLIT):
-            values = [s * 1e3 for s in self.seconds[route]]
-            found[route] = percentile_interval(values, 50, rng) if values else None
-        pairs = [(s - lo) * 1e3 for lo, s in zip(self.seconds[LOCAL], self.seconds[SPLIT], strict=False)]
-        found["split - local"] = percentile_interval(pairs, 50, rng) if pairs else None
-        return found
-
-    def verdict(self) -> str:
-        """By the paired differences (each round's two requests ran back to back on the same engines): a difference
-        only where their interval excludes 0."""
-        paired = self.summary()["split - local"]
-        if paired is None:
-            return "no verdict"
-        if paired[1] > 0:
-            return "local faster (the paired interval is above 0)"
-        if paired[2] < 0:
-            return "split faster (the paired interval is below 0)"
-        return "no difference shown (the paired interval spans 0)"
-
-
-def _short_ttfts(ctx: Context) -> ShortTtfts:
-    """Short prompts at the threshold in force, each new to both prefix caches: prefilled on decode (the threshold
-    decides, counting included) and split (the header, as a threshold of 0 splits them), alternating which goes
-    first, one at a time."""
-    start = _counters()
-    began = time.monotonic()
-    seconds: dict[str, list[float]] = {LOCAL: [], SPLIT: []}
-    failed: list[str] = []
-    for round_ in range(TTFT_ROUNDS):
-        for route in (LOCAL, SPLIT) if round_ % 2 == 0 else (SPLIT, LOCAL):
-            headers = {PREFILL_ROUTE_HEADER: SPLIT} if route == SPLIT else None
-            prompt = f"{route} {round_}: {SHORT_PROMPT}"
-            outcome = stream_chat(ctx, TTFT_MAX_TOKENS, timeout=120, prompt=prompt, extra_headers=headers)
-            if outcome.kind != "ok" or outcome.first_chunk is None:
-                failed.append(outcome.label())
-                continue
-            seconds[route].append(outcome.first_chunk - outcome.started)
-    sent = time.monotonic()
-    end = _grown(start, transfers=len(seconds[SPLIT]), prompt_tokens=0)
-    return ShortTtfts(
-        seconds, failed, end.transfers - start.transfers, round(sent - began, 1), round(time.monotonic() - sent, 1)
-    )
-
-
-def interval_ms(found: tuple[float, float, float] | None) -> str:
-    """A median and its interval, in ms: '62 ms [57, 66]'."""
-    return "none" if found is None else f"{found[0]:.0f} ms [{found[1]:.0f}, {found[2]:.0f}]"
-
-
 def selective_check(ctx: Context) -> list[Any]:
-    """A threshold set in place; a short prompt prefilled on decode, a long one split, a long one kept local by the
-    header, and the long one again found in both prefix caches. The first three go at once: one quiet window after
-    them shows that only the long one moved KV."""
+    """A threshold set in place; the mix of short and long prompts; a short prompt prefilled on decode, a long one
+    split, a long one kept local by the header, and the long one again found in both prefix caches. The three go at
+    once: one quiet window after them shows that only the long one moved KV."""
     if ctx.aggregated:
         return []
     before = _replicas(ctx)
     applied_s, after = _apply(ctx, _with_threshold(ctx, THRESHOLD))
-    routes_before = _routes(metrics_text(DECODE_METRICS))
-    start = _counters()
+    mix_start = _counters()
+    routes_at_start = _routes(metrics_text(DECODE_METRICS))
+    # Short and long prompts at one concurrency first: the quiet reading after it is the next requests' baseline.
+    mix = selective_mix.send(ctx, selective_mix.SELECTIVE_ROUTES, selective_mix.BLOCKS)
+    mix_routes = selective_mix.expected_routes(selective_mix.BLOCKS)
+    start = _grown(mix_start, transfers=selective_mix.expected_transfers(selective_mix.BLOCKS), prompt_tokens=0)
+    routes_before = _routes_grown(routes_at_start, mix_routes)
+    mix.transfers, mix.nixl_bytes = start.transfers - mix_start.transfers, start.nixl_bytes - mix_start.nixl_bytes
+    mixed = selective_mix.selective_checks(ctx, mix, _added(routes_at_start, routes_before))
+    under_load = _logged(ctx)
     with ThreadPoolExecutor(3) as pool:
         sent = [
             pool.submit(_chat, ctx, SHORT_PROMPT),
@@ -252,23 +226,21 @@ def selective_check(ctx: Context) -> list[Any]:
     statuses.append(_chat(ctx, LONG_PROMPT))
     again = poll(_read, lambda now: now.prefill_hits > first.prefill_hits and now.decode_hits > first.decode_hits)
     wanted = {("local", "short prompt"): 1.0, ("local", "header"): 1.0, ("split", "long prompt"): 2.0}
-    routes = poll(
-        lambda: _routes(metrics_text(DECODE_METRICS)),
-        lambda now: all(now.get(k, 0.0) - routes_before.get(k, 0.0) >= n for k, n in wanted.items()),
-    )
-    added = {k: routes.get(k, 0.0) - routes_before.get(k, 0.0) for k in sorted({*routes, *routes_before})}
-    ttfts = _short_ttfts(ctx)
+    added = _added(routes_before, _routes_grown(routes_before, wanted))
     restored_s, restored = _apply(ctx, ctx.config)
-    # A replica's line may be in its log file and in its worker's output both: each line once.
-    lines = dict.fromkeys(line for line in ray_logs(ctx.temp_dir).splitlines() if ROUTE_LINE.search(line))
-    logged = [match.groups() for line in lines if (match := ROUTE_LINE.search(line))]
-    counted_ms = [float(ms) for _, reason, _, ms in logged if reason in ("short prompt", "long prompt")]
-    tokens = {reason: count for _, reason, count, _ in logged}
+    # Counted one or two at a time, and in the mix's selective blocks with three others in flight.
+    alone = [groups for line, groups in _logged(ctx).items() if line not in under_load]
+    tokens = {reason: count for _, reason, count, _ in alone}
+    counted_ms = _counted_ms(alone)
+    counted_under_load_ms = _counted_ms(under_load.values())
     ctx.metrics.update(
         {
             "selective_applied_s": applied_s,
             "selective_count_ms_median": statistics.median(counted_ms) if counted_ms else None,
-            "selective_count_ms_max": max(counted_ms) if counted_ms else None,
+            "selective_count_ms_median_under_load": (
+                statistics.median(counted_under_load_ms) if counted_under_load_ms else None
+            ),
+            "selective_count_ms_max": max(counted_ms + counted_under_load_ms, default=None),
         }
     )
     moved = first.transfers - start.transfers
@@ -278,23 +250,10 @@ def selective_check(ctx: Context) -> list[Any]:
         f"short, long and long with x-pd-prefill: local at once: {moved:g} NIXL transfers, prefill prompt tokens "
         f"+{prompt_tokens:g}; the long again: prefix-cache hits prefill {first.prefill_hits:g} -> "
         f"{again.prefill_hits:g}, decode {first.decode_hits:g} -> {again.decode_hits:g}; routes added {added}; "
-        f"tokens counted {tokens}; counting took {counted_ms} ms"
+        f"tokens counted {tokens}; counting took {counted_ms} ms; in the mix's selective blocks, "
+        f"{len(counted_under_load_ms)} counts with 3 others in flight: {_spread(counted_under_load_ms)}"
     )
     long_tokens = float(tokens.get("long prompt", "0"))
-    summary = ttfts.summary()
-    ctx.metrics.update(
-        {
-            f"selective_short_ttft_{route.replace(' - ', '_minus_')}_ms": None if found is None else round(found[0], 1)
-            for route, found in summary.items()
-        }
-    )
-    compared = ", ".join(f"{route} {interval_ms(found)}" for route, found in summary.items())
-    ctx.log_lines.append(
-        f"short prompts' TTFT, {TTFT_ROUNDS} of each, one at a time, median [95% interval]: {compared}: "
-        f"{ttfts.verdict()}; {ttfts.transfers:g} NIXL transfers; failed {ttfts.failed}; sent in {ttfts.sending_s} s, "
-        f"settled in {ttfts.settling_s} s"
-    )
-    wanted_ttfts = len(ttfts.seconds[LOCAL]) == len(ttfts.seconds[SPLIT]) == TTFT_ROUNDS
     return [
         Check(
             "selective prefill: a new threshold reaches decode in place, no replica restarted",
@@ -314,15 +273,10 @@ def selective_check(ctx: Context) -> list[Any]:
             f"ray_pd_prefill_requests_total added {added}",
         ),
         Check(
-            "selective prefill: short prompts' TTFT measured both ways, and only the split ones moved KV",
-            wanted_ttfts and not ttfts.failed and ttfts.transfers == TTFT_ROUNDS,
-            f"{len(ttfts.seconds[LOCAL])} local and {len(ttfts.seconds[SPLIT])} split of {TTFT_ROUNDS} each, "
-            f"failed {ttfts.failed}; {ttfts.transfers:g} NIXL transfers; TTFT {compared}: {ttfts.verdict()}",
-        ),
-        Check(
             "selective prefill: a long prompt sent again hits the prefix cache on both sides",
             statuses[3] == 200 and again.prefill_hits > first.prefill_hits and again.decode_hits > first.decode_hits,
             f"HTTP {statuses[3]}; hits (tokens) prefill {first.prefill_hits:g} -> {again.prefill_hits:g}, "
             f"decode {first.decode_hits:g} -> {again.decode_hits:g}",
         ),
+        *mixed,
     ]
