@@ -13,7 +13,7 @@ CDK := $(abspath node_modules/.bin/cdk)
 SETTINGS ?=
 SETTINGS_ARGS = $(if $(SETTINGS),-c settings_file=$(SETTINGS)) $(CDK_ARGS)
 
-.PHONY: setup setup-serve synth deploy upgrade diff destroy bench-notice test test-fast rehearse lint fetch-schemas schemas review settings-reference handoff preflight plan change-impact verify bench benchmark clean
+.PHONY: setup setup-serve native synth deploy upgrade diff destroy bench-notice test test-fast rehearse lint fetch-schemas schemas review settings-reference handoff preflight plan change-impact verify bench benchmark clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -72,7 +72,11 @@ lint: setup
 	$(BIN)/mypy .
 
 ## The full suite: lint, types, every test (Ray's and vLLM's validators included), then the rehearsal.
-test: setup-serve lint schemas $(CHECKOV_VENV)/.installed
+## Set-up steps that do not need each other run side by side: the serving venv's download beside the native
+## build, lint and types beside checkov's venv and the schemas.
+test: setup
+	$(MAKE) --no-print-directory -j2 setup-serve native
+	$(MAKE) --no-print-directory -j3 lint schemas $(CHECKOV_VENV)/.installed
 	REQUIRE_SERVE_DEPS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:warnings
 	$(MAKE) --no-print-directory rehearse
 
@@ -80,6 +84,10 @@ test: setup-serve lint schemas $(CHECKOV_VENV)/.installed
 ## Needs root or unprivileged user namespaces, and apt's autoconf automake libtool libhwloc15 iproute2.
 rehearse: setup-serve
 	$(BIN)/python -m rehearsal
+
+## The rehearsal's native pieces (libfabric, the libcuda stub), built once into .rehearsal-cache/.
+native: setup
+	$(BIN)/python -m rehearsal.native
 
 ## Everything but the tests that need ray[serve,llm] (a ~10 GB install).
 test-fast: setup lint schemas $(CHECKOV_VENV)/.installed

@@ -186,7 +186,7 @@ def short_bench(
         # vLLM's bench sends OPENAI_API_KEY as `Authorization: Bearer`, as `make bench` runs it.
         env = tools_bench.bench_env(api_key)
         subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True, env=env)
-        # Ray exports counters every 10 s: wait for this point's requests before the next point.
+        # Ray exports counters every few seconds: wait for this point's requests before the next point.
         if aggregated:
             poll(all_prompt_tokens, grew(tokens_before))
             after, engine_after = snapshot()

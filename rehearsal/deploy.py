@@ -20,6 +20,7 @@ from rehearsal.network import DASHBOARD, SERVE, RehearsalError, http
 from serve_config import SIDES
 from settings import project_context
 from settings.project import ROOT, STACK_NAME
+from tools.polling import EXPORT_INTERVAL_ENV
 from tools.template_text import render
 
 # The only changes made to the product's serve config, and why (a test pins this set).
@@ -59,11 +60,16 @@ CPU_ENV = {
     "TORCH_COMPILE_DISABLE": "1",
     "HF_HUB_OFFLINE": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
+    # Ray's metric export every 2 s, not its default 10 s: the rehearsal's checks wait for an export after each
+    # request they count (tools.polling reads the same variable), and those waits were its largest idle time.
+    # The product's pods keep Ray's default.
+    EXPORT_INTERVAL_ENV: "2000",
 }
 CORES = {"prefill": "0", "decode": "1", "aggregated": "0-1"}
 DEPLOY_TIMEOUT_S = 720.0
-# How long a chat to a failed app is given: Serve's proxy holds it (no replica of decode), with no answer.
-ENDPOINT_TIMEOUT_S = 30.0
+# How long a chat to a failed app is given: Serve's proxy holds it (no replica of decode), with no answer. A serving
+# app answers one in about a second here (verify's chat).
+ENDPOINT_TIMEOUT_S = 10.0
 
 
 def product_rayservice(overrides: dict[str, str] | None = None) -> dict[str, Any]:

@@ -5,7 +5,7 @@ for HOLD_S after the first chunk, longer than one metrics export, and closes the
 connection while the engine is still generating. Both engines' KV-cache use (and their
 running and waiting requests) must return to idle within IDLE_WITHIN_S: vLLM 0.26
 leases prefill's blocks for 30 s after its one-token answer (nixl/base_scheduler.py),
-and Ray exports gauges every 10 s. Then NIXL has failed nothing and a new request works.
+and Ray exports gauges every few seconds. Then NIXL has failed nothing and a new request works.
 
 Half the clients send the two headers with which Serve's proxy would let a stream outlive the
 drain: no timeout, and no cancel on a hang-up. The product's ingress stops their generation all the
@@ -26,15 +26,14 @@ from rehearsal.margins import ENGINES_IDLE
 from rehearsal.network import DECODE_METRICS, PREFILL_METRICS, metrics_text
 from tools.checks import Check
 from tools.cluster_access import NixlSnapshot
+from tools.polling import export_interval_seconds
 
 STREAMS = 20
 # Far longer than the clients stay: an engine that ignored the hang-ups would generate for minutes
 # (measured here: about 13 ms a token at one stream, slower at eight), and miss IDLE_WITHIN_S.
 MAX_TOKENS = 4096
-# The 30 s prefill lease, Ray's 10 s export and a margin.
+# The 30 s prefill lease, Ray's export and a margin.
 IDLE_WITHIN_S = ENGINES_IDLE.limit_s
-# Longer than Ray's 10 s export interval: a reading that holds this long is not a stale export.
-STILL_S = 12.0
 # Each client reads this long after its first chunk before hanging up (generation takes longer).
 HOLD_S = 12.0
 GAUGES = ("ray_vllm_kv_cache_usage_perc", "ray_vllm_num_requests_running", "ray_vllm_num_requests_waiting")
@@ -119,22 +118,23 @@ def disconnects_check(ctx: Context) -> list[Any]:
     for client in clients:
         client.join(timeout=180)
     left = time.monotonic()
-    # Idle counts once it has held for longer than Ray's 10 s export: a stale export is not idle.
+    # Idle counts once it has held for longer than Ray's export interval: a stale export is not idle.
+    still_s = export_interval_seconds() + 2.0
     idle_since: float | None = None
     readings = _read()
-    while time.monotonic() - left < IDLE_WITHIN_S + STILL_S:
+    while time.monotonic() - left < IDLE_WITHIN_S + still_s:
         now = time.monotonic()
         if not _idle(readings):
             idle_since = None
         elif idle_since is None:
             idle_since = now
-        elif now - idle_since > STILL_S:
+        elif now - idle_since > still_s:
             break
         time.sleep(1.0)
         readings = _read()
     sampling.set()
     sampler.join()
-    settled_idle = idle_since is not None and time.monotonic() - idle_since > STILL_S
+    settled_idle = idle_since is not None and time.monotonic() - idle_since > still_s
     back = (idle_since or time.monotonic()) - left
     cut_with_headers = seen_with_headers.count("200:chunk")
     seen += seen_with_headers
@@ -163,8 +163,9 @@ def disconnects_check(ctx: Context) -> list[Any]:
         Check(
             f"disconnects: both engines back to idle within {IDLE_WITHIN_S:.0f} s",
             settled_idle and back <= IDLE_WITHIN_S,
-            f"idle {back:.1f} s after the last client left ({ENGINES_IDLE.used(back)}), held {STILL_S:.0f} s "
-            f"(Ray exports every 10 s), {WITH_HEADERS} of the {STREAMS} streams with {_named(OUTLIVE_THE_DRAIN)}; "
+            f"idle {back:.1f} s after the last client left ({ENGINES_IDLE.used(back)}), held {still_s:.0f} s "
+            f"(Ray exports every {export_interval_seconds():.0f} s), "
+            f"{WITH_HEADERS} of the {STREAMS} streams with {_named(OUTLIVE_THE_DRAIN)}; "
             f"{readings}",
         ),
         Check("disconnects: no NIXL failure", failed_after == failed_before, f"{failed_before} -> {failed_after}"),

@@ -8,10 +8,14 @@ Its output is gibberish; everything the serving path does with a real model
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from rehearsal.native import CACHE
 from settings.project import ROOT
 
 # Qwen3's architecture at toy size. max_position_embeddings covers the product's
@@ -56,7 +60,7 @@ def make(out: Path) -> Path:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=IM_END,
         pad_token=END_OF_TEXT,
@@ -76,6 +80,24 @@ def make(out: Path) -> Path:
     model: Any = Qwen3ForCausalLM(Qwen3Config(**settings))
     model = model.to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def made(out: Path, cache: Path = CACHE) -> Path:
+    """make()'s model, copied to out from the rehearsal's cache: made once for what makes it (this module and its
+    corpus), so the cases of one run share it and each still gets a copy of its own."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    for line in corpus():
+        digest.update(line.encode() + b"\n")
+    cached = cache / f"model-{digest.hexdigest()[:16]}"
+    if not (cached / "model.safetensors").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        for stale in cache.glob("model-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(dir=cache, prefix="staging-"))
+        make(staging)
+        staging.rename(cached)
+    shutil.copytree(cached, out)
     return out
 
 

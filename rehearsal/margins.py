@@ -10,6 +10,11 @@ case that slow at once still passes inside CI's limit. A behaviour such as
 (burst.REFUSAL_RATIO). Every case and every timed check prints how much of its limit it used.
 
 Each `seen` names the run that gave the slowest figure: the date, the machine and the command.
+
+Slower machines: CI's budget is counted on the machines every CI that landed ran on. Slower ones exist (SLOW_CI,
+SLOW_LOCAL): a Limit's `slower_s` records its slowest run there, which its limit covers at MARGIN too, so a case
+does not fail there for time; but the whole run takes 100 minutes or more there, past CI's 90, and the budget says so
+rather than counting them.
 """
 
 from __future__ import annotations
@@ -31,13 +36,23 @@ FRESH_SETUP = "2026-12-04, 2 cores, apt's packages and `make setup-serve schemas
 CI_0312_C = "2026-12-03, 2 cores, `CI=true bash .ci/run` on a fresh clone of 22dfbfd, the machine otherwise idle"
 # A slower machine than the runs before it: pytest 598 s against 431 s, pd 1412 s against 1060-1235 s.
 CI_0412 = "2026-12-04, 2 cores, `CI=true bash .ci/run` on a fresh clone of c7474c4, the machine otherwise idle"
+# Machines slower than every one CI_BUDGET_S was measured on (the module's docstring): a limit is
+# at least MARGIN over their runs too, but CI's budget does not count them: no run of this suite fits 90 minutes there.
+# The CI of 5a78a08 (stop 46) drew one: the aggregated case took 378 s there, and CI stopped it at 90 minutes in the
+# scaling case. A local CI run on 2026-12-05 drew a slower one still (pytest 983 s against 598 s, a killed prefill
+# engine's side back after 231 s against 159 s).
+SLOW_CI = "2026-12-05, the CI of 5a78a08 on a machine slower than every CI before it, stopped at 90 min"
+SLOW_LOCAL = "2026-12-05, 2 cores, `CI=true bash .ci/run` on a fresh clone of 730bfd1, slower than every machine before"
 # Not a run: the scaling case's slowest (CI_0412) with what the prefix-routing run added alone, scaled to that run.
 SCALING_ESTIMATE = "the CI of c7474c4 (2026-12-04) plus the prefix-routing run's 27 s in CI (2026-12-05) at its ratio"
+# Not a run: the aggregated case's slowest (CI_0412, 305 s) with the mix of short and long prompts it sends since
+# 2026-12-05 (9 s alone) at that run's ratio to a local CI run of the case (305 / 163 s).
+AGGREGATED_ESTIMATE = "the CI of c7474c4 (2026-12-04) plus the prompt mix's 9 s alone (2026-12-05) at its ratio"
 # Not a run: the bound Ray 2.58's raylet liveness check (every 60 s) sets, with the phase's 15 s of quiet.
 RAY_LIVENESS = "Ray 2.58's raylet liveness check every 60 s, and 15 s without an answer: a bound, not a run"
 # The head-loss case with its contrast without the store (CI of d4dc83f: 248 s; alone: 236 s, deploy 130, the two
 # phases 96; the shape before it, watching 15 s longer, took 248 s; without the contrast 183-207 s).
-HEAD_LOSS_SEEN, HEAD_LOSS_CAP = 314.0, 471.0
+HEAD_LOSS_SEEN, HEAD_LOSS_CAP = 314.0, 545.0
 HEAD_BACK_SEEN, HEAD_BACK_LIMIT = 30.4, 60.0
 # Seen: 15 s in three runs alone (2026-12-04), over 32 s in the CI of 096140b. The bound is Ray's: a worker's raylet
 # exits at its next liveness check, every 60 s, so at most about 65 s after the head is back, and the phase then
@@ -47,45 +62,61 @@ NO_STORE_STOP_SEEN, NO_STORE_STOP_LIMIT = 80.0, 120.0
 
 @dataclass(frozen=True)
 class Limit:
-    """What a limit bounds, the slowest run seen of it, and the limit itself (at least MARGIN times that)."""
+    """What a limit bounds, the slowest run seen of it, and the limit itself (at least MARGIN times that).
+
+    slowest_seen_s is the slowest run on the machines CI's budget counts (SLOWER_MACHINES below); slower_s, where
+    given, the slowest on a slower machine, which the limit covers too but CI's budget does not count."""
 
     what: str
     slowest_seen_s: float
     seen: str
     limit_s: float
+    slower_s: float = 0.0
+    slower_seen: str = ""
+
+    @property
+    def slowest_anywhere_s(self) -> float:
+        return max(self.slowest_seen_s, self.slower_s)
 
     def used(self, took_s: float) -> str:
         """'took 950 s of its 1860 s limit (1.96x headroom; slowest seen 1235 s)'."""
         headroom = self.limit_s / took_s if took_s > 0 else float("inf")
+        slower = f"; {self.slower_s:.0f} s on a slower machine" if self.slower_s else ""
         return (
             f"took {took_s:.0f} s of its {self.limit_s:.0f} s limit ({headroom:.2f}x headroom; "
-            f"slowest seen {self.slowest_seen_s:.0f} s)"
+            f"slowest seen {self.slowest_seen_s:.0f} s{slower})"
         )
 
 
 # A case's cap: past it the case fails (rehearsal/__main__.py).
 CASE_CAPS = {
     # Every cap at 1.5x its slowest run seen (rounded up), since the head-loss case joined (2026-12-03).
-    "pd": Limit("the pd case, start to end", 1412.0, CI_0412, 2118.0),
-    "aggregated": Limit("the aggregated case", 305.0, CI_0412, 458.0),
+    "pd": Limit("the pd case, start to end", 1412.0, CI_0412, 2490.0, 1657.0, SLOW_LOCAL),
+    # With the prompt mix (2026-12-05): its phase took 9 s alone; 305 s in CI before it, plus 9 s at 305 / 163 s.
+    "aggregated": Limit("the aggregated case", 322.0, AGGREGATED_ESTIMATE, 600.0, 396.0, SLOW_LOCAL),
     # With the surge phase: 1247 s in CI, 1173 s and 1051 s alone; 725-805 s before it. With the prefix-routing run
     # (2026-12-05): 791 s alone, 830 s in CI against 803 s in the CI before it; counted here as that CI's 1247 s
     # plus those 27 s at its ratio to this machine (1247 / 803 s), 42 s: an estimate until a slow run shows it.
-    "scaling": Limit("the scaling case", 1289.0, SCALING_ESTIMATE, 1934.0),
-    "head-loss": Limit("the head-loss case", HEAD_LOSS_SEEN, CI_0412, HEAD_LOSS_CAP),
-    "ucx": Limit("the ucx failure case", 216.0, CI_0412, 324.0),
-    "wrong-side-channel": Limit("the wrong-side-channel failure case", 218.0, CI_0412, 327.0),
-    "no-plugin": Limit("the no-plugin failure case", 193.0, CI_0412, 290.0),
+    "scaling": Limit("the scaling case", 1289.0, SCALING_ESTIMATE, 2310.0, 1535.0, SLOW_LOCAL),
+    "head-loss": Limit("the head-loss case", HEAD_LOSS_SEEN, CI_0412, HEAD_LOSS_CAP, 361.0, SLOW_LOCAL),
+    "ucx": Limit("the ucx failure case", 216.0, CI_0412, 390.0, 260.0, SLOW_LOCAL),
+    "wrong-side-channel": Limit("the wrong-side-channel failure case", 218.0, CI_0412, 400.0, 240.0, SLOW_LOCAL),
+    # 190 s on the slower machine of 2026-12-05; its cap was raised before that run, by ucx's ratio there.
+    "no-plugin": Limit("the no-plugin failure case", 193.0, CI_0412, 360.0),
 }
 
 # Timed checks inside the cases.
-SCALE_UP = Limit("a new prefill replica serving, under load beside two busy engines", 286.1, BUSY_CI, 430.0)
+SCALE_UP = Limit(
+    "a new prefill replica serving, under load beside two busy engines", 286.1, BUSY_CI, 485.0, 321.0, SLOW_LOCAL
+)
 SCALE_DOWN = Limit("two prefill replicas down to one, idle (Serve's delay and prefill's drain)", 75.0, CI_0312_B, 240.0)
-ENGINE_RECOVERY = Limit("a killed engine's side answering again", 158.9, CI_0412, 240.0)
+ENGINE_RECOVERY = Limit("a killed engine's side answering again", 158.9, CI_0412, 350.0, 231.0, SLOW_LOCAL)
 # Measured from the node's stop, so it includes the 30 s the node stays away.
 NODE_RECOVERY = Limit("decode's node lost for 30 s, then answering again", 123.9, CI_0412, 330.0)
 # From the head's kill: the 10 s it stays away, its start, and Serve's controller listing the app again.
-HEAD_BACK = Limit("the head killed, started again, its controller back", HEAD_BACK_SEEN, CI_0412, HEAD_BACK_LIMIT)
+HEAD_BACK = Limit(
+    "the head killed, started again, its controller back", HEAD_BACK_SEEN, CI_0412, HEAD_BACK_LIMIT, 39.0, SLOW_LOCAL
+)
 # From the head's start without its store until the phase sees the endpoint stopped: the workers' raylets exiting
 # at their next liveness check, and the 15 s without a completed request that show it.
 NO_STORE_STOP = Limit(
@@ -94,7 +125,14 @@ NO_STORE_STOP = Limit(
 # From the first PUT: Serve's build of the app anew (64 s), two engines starting at once beside the load (5-6 min),
 # the old ones stopped, the minimums lowered, the surplus stopped (597 s in CI; 496 s alone; 442 s without waiting
 # for the surplus).
-SURGE = Limit("an engine setting rolled over with a surge replica a side, and back to one", 596.7, CI_0412, 896.0)
+SURGE = Limit(
+    "an engine setting rolled over with a surge replica a side, and back to one",
+    596.7,
+    CI_0412,
+    1210.0,
+    806.0,
+    SLOW_LOCAL,
+)
 ENGINES_IDLE = Limit("both engines idle after 20 clients hung up", 10.5, QUIET, 60.0)
 
 TIMED_CHECKS = (SCALE_UP, SCALE_DOWN, ENGINE_RECOVERY, NODE_RECOVERY, HEAD_BACK, NO_STORE_STOP, SURGE, ENGINES_IDLE)

@@ -23,7 +23,7 @@ from tools.verify import chat_check
 from tools.verify_observability import missing_from_scrape, ray_pod_names
 
 SCRAPE_FILES = {"prefill": "metrics_prefill_node.prom", "decode": "metrics_decode_node.prom"}
-# Two of Ray's metric exports (every 10 s) after the request.
+# Ray's metric exports after the request, with a margin.
 SCRAPE_WAIT_S = 30.0
 
 

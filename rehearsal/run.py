@@ -58,10 +58,11 @@ from rehearsal.deploy import (
     product_worker_env,
     rayservice_of,
 )
-from rehearsal.make_model import make
+from rehearsal.make_model import made
 from rehearsal.native import NativeError
 from rehearsal.network import IN_NAMESPACE, Nodes, RehearsalError, in_namespace, two_nodes
 from tools.checks import table
+from tools.polling import EXPORT_INTERVAL_ENV
 
 
 def run_phases(ctx: Context) -> list[Any]:
@@ -94,13 +95,15 @@ def _run(case: str, nodes: Nodes, work: Path, logs_out: Path | None, results: Pa
     timings: dict[str, float] = {}
     libs = native.ensure()
     timings["native"] = time.monotonic() - started
-    model_dir = make(work / "model")
+    model_dir = made(work / "model")
     timings["model"] = time.monotonic() - started
     manifests = product_manifests(CASE_SETTINGS.get(case))
     rayservice = rayservice_of(manifests)
     config = cpu_serve_config(rayservice, model_dir)
     env = {**os.environ, **product_worker_env(rayservice), **kuberay_auth_env(rayservice), **CPU_ENV}
     env["LD_LIBRARY_PATH"] = ":".join([*libs.library_dirs, env.get("LD_LIBRARY_PATH", "")])
+    # The waits for Ray's export (tools.polling) read the interval Ray is given.
+    os.environ[EXPORT_INTERVAL_ENV] = env[EXPORT_INTERVAL_ENV]
     # The product's HF_HOME and VLLM_CACHE_ROOT are on the GPU node's NVMe hostPath, which does not exist here.
     env["HF_HOME"] = str(work / "huggingface")
     env["VLLM_CACHE_ROOT"] = str(work / "vllm")

@@ -145,7 +145,7 @@ def test_a_failure_case_passes_only_with_the_app_failed_and_no_chat_served(name:
     at_first_log_line = f"rehearsal FAILED ({name}): deploy failed: an engine could not start or pre-warm: {cause}"
     terminal = (
         f"rehearsal FAILED ({name}): deploy failed: app DEPLOY_FAILED after 150 s, endpoint served no chat "
-        f"(chat: no answer in 30 s, /v1/models: HTTP 200); an engine could not start or pre-warm: {cause}"
+        f"(chat: no answer in 10 s, /v1/models: HTTP 200); an engine could not start or pre-warm: {cause}"
     )
     served = terminal.replace("endpoint served no chat", "endpoint SERVED chat")
     assert re.search(case.failure, terminal)

@@ -4,7 +4,7 @@ seen, every case and timed check reading its limit there, and all of CI inside C
 from __future__ import annotations
 
 from rehearsal import burst, disconnects, engine_deaths, margins, node_loss, scaling
-from rehearsal.__main__ import CASES, COMPARE_CAP_S
+from rehearsal.__main__ import CASES, COMPARE_CAP_S, COMPARE_SEEN_S
 from rehearsal.burst import RefusalTiming
 from rehearsal.margins import CASE_CAPS, MARGIN, TIMED_CHECKS
 
@@ -12,11 +12,12 @@ LIMITS = [*CASE_CAPS.values(), *TIMED_CHECKS]
 
 
 def test_every_limit_is_at_least_its_margin_over_the_slowest_run_seen() -> None:
-    short = [f"{lim.what}: {lim.limit_s:.0f} s < {MARGIN} x {lim.slowest_seen_s:.0f} s" for lim in LIMITS
-             if lim.limit_s < MARGIN * lim.slowest_seen_s]  # fmt: skip
+    short = [f"{lim.what}: {lim.limit_s:.0f} s < {MARGIN} x {lim.slowest_anywhere_s:.0f} s" for lim in LIMITS
+             if lim.limit_s < MARGIN * lim.slowest_anywhere_s]  # fmt: skip
     assert not short
     assert MARGIN >= 1.5
     assert all(lim.seen for lim in LIMITS)
+    assert all(lim.slower_seen for lim in LIMITS if lim.slower_s)
 
 
 def test_every_case_has_its_cap_and_each_timed_check_reads_its_limit() -> None:
@@ -32,15 +33,18 @@ def test_every_case_has_its_cap_and_each_timed_check_reads_its_limit() -> None:
 
 def test_the_set_up_pytest_and_every_case_at_the_run_margin_fit_ci() -> None:
     before = sum(seconds for seconds, _ in margins.BEFORE_REHEARSAL_S.values())
-    rehearsal = sum(margins.CI_MARGIN * cap.slowest_seen_s for cap in CASE_CAPS.values()) + COMPARE_CAP_S
+    # bench compare as a case: at its slowest seen, its cap at its margin over that.
+    seen = [*(cap.slowest_seen_s for cap in CASE_CAPS.values()), COMPARE_SEEN_S]
+    rehearsal = sum(margins.CI_MARGIN * seconds for seconds in seen)
     assert before + rehearsal <= margins.CI_BUDGET_S, f"{(before + rehearsal) / 60:.1f} min"
+    assert COMPARE_CAP_S >= MARGIN * COMPARE_SEEN_S
     assert 1.05 <= margins.CI_MARGIN <= MARGIN
 
 
 def test_a_run_reports_how_much_of_its_limit_it_used() -> None:
     line = CASE_CAPS["pd"].used(930.0)
     assert f"took 930 s of its {CASE_CAPS['pd'].limit_s:.0f} s limit" in line
-    assert f"({CASE_CAPS['pd'].limit_s / 930:.2f}x headroom; slowest seen 1412 s)" in line
+    assert f"({CASE_CAPS['pd'].limit_s / 930:.2f}x headroom; slowest seen 1412 s; 1657 s on a slower machine)" in line
 
 
 def test_refusals_at_once_is_judged_by_a_ratio_within_the_run_not_by_a_clock() -> None:

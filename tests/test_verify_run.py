@@ -19,7 +19,7 @@ from tests.support.fake_cluster import KEY, FakeCluster, install
 from tools import verify, verify_observability
 from tools.checks import Check, table
 from tools.cluster_access import NixlSnapshot, first_key
-from tools.polling import EXPORT_INTERVAL_SECONDS, settled
+from tools.polling import EXPORT_INTERVAL_ENV, EXPORT_INTERVAL_SECONDS, export_interval_seconds, settled
 from tools.verify_judgement import image_checks, local_prefill_check
 
 
@@ -121,6 +121,23 @@ def test_settled_waits_out_an_export_interval() -> None:
 
     assert settled(read, sleep=sleep) == 1
     assert clock[0] == pytest.approx(4.0 + 12.0)  # still for 12 s after the last change
+
+
+def test_settled_waits_out_the_export_interval_ray_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU rehearsal gives Ray a 2 s export (rehearsal/deploy.py CPU_ENV) and its waits shrink with it; Ray's
+    own floor of 1 s holds below that."""
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setenv(EXPORT_INTERVAL_ENV, "2000")
+    assert settled(lambda: 1 if clock[0] >= 4.0 else 0, sleep=sleep) == 1
+    assert clock[0] == pytest.approx(4.0 + 4.0)
+    monkeypatch.setenv(EXPORT_INTERVAL_ENV, "200")
+    assert export_interval_seconds() == 1.0
+    monkeypatch.delenv(EXPORT_INTERVAL_ENV)
+    assert export_interval_seconds() == EXPORT_INTERVAL_SECONDS == 10.0
 
 
 # --- only callers with a key ------------------------------------------------------

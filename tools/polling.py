@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -20,6 +21,15 @@ METRICS_WAIT_SECONDS = 30.0
 # Ray's metrics_report_interval_ms: a reading unchanged for longer than this includes
 # everything that happened before it was first taken.
 EXPORT_INTERVAL_SECONDS = 10.0
+# The Ray config as an environment variable sets it, for Ray and for these waits alike (the CPU rehearsal shortens it).
+EXPORT_INTERVAL_ENV = "RAY_metrics_report_interval_ms"
+
+
+def export_interval_seconds() -> float:
+    """Ray's export interval as this process's environment sets it, else Ray's default; at least 1 s, as Ray
+    floors it (ray/_private/telemetry/open_telemetry_metric_recorder.py)."""
+    configured = os.environ.get(EXPORT_INTERVAL_ENV)
+    return EXPORT_INTERVAL_SECONDS if configured is None else max(float(configured), 1000.0) / 1000.0
 
 
 def poll(
@@ -44,7 +54,7 @@ def poll(
 def settled(
     read: Callable[[], T],
     *,
-    quiet: float = EXPORT_INTERVAL_SECONDS + 2.0,
+    quiet: float | None = None,
     timeout: float = 90.0,
     interval: float = 2.0,
     sleep: Callable[[float], None] | None = None,
@@ -54,8 +64,10 @@ def settled(
     A counter read once right after a deploy may not yet include decode's pre-warm (its
     transfer and prefill's prompt tokens), which Ray exports up to 10 s later; that late
     export would then pass for the growth a check request causes. Gives up after timeout
-    (steady traffic) with the last reading.
+    (steady traffic) with the last reading. quiet: the export interval and 2 s, unless given.
     """
+    if quiet is None:
+        quiet = export_interval_seconds() + 2.0
     pause = sleep or time.sleep
     value = read()
     still = waited = 0.0
