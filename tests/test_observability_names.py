@@ -304,3 +304,38 @@ def test_the_rehearsal_phase_fails_on_a_scrape_without_a_panels_name(
     prefill = "\n".join(line for line in prefill.splitlines() if "ray_vllm_nixl_xfer_time_seconds" not in line)
     (check,) = _phase(monkeypatch, tmp_path, [prefill + "\n", strip + "\n"])
     assert not check.ok and "ray_vllm_nixl_xfer_time_seconds_bucket" in check.detail
+
+
+def test_the_rehearsal_phase_counts_a_name_seen_in_any_scrape_of_its_wait(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ray keeps a gauge in its scrape for two export intervals after its last report: a gauge in the first scrape
+    and gone from the next, and another only in the next, are both there, as a collector would have stored them."""
+    prefill, decode = recorded()
+    gauges = ("ray_vllm_kv_cache_usage_perc", "ray_serve_deployment_replica_healthy")
+    assert all(g in prefill + decode for g in gauges)
+
+    def without(text: str, name: str) -> str:
+        return "".join(line for line in text.splitlines(keepends=True) if name not in line)
+
+    # The first scrape lacks one gauge, every later one the other.
+    scrapes = [
+        {PREFILL_METRICS: without(prefill, gauges[0]), DECODE_METRICS: without(decode, gauges[0])},
+        {PREFILL_METRICS: without(prefill, gauges[1]), DECODE_METRICS: without(decode, gauges[1])},
+    ]
+    taken: list[dict[str, str]] = []
+
+    def metrics_text(url: str) -> str:
+        if url == PREFILL_METRICS:
+            taken.append(scrapes[min(len(taken), len(scrapes) - 1)])
+        return taken[-1][url]
+
+    monkeypatch.setattr(metric_names, "metrics_text", metrics_text)
+    monkeypatch.setattr(metric_names, "chat_check", lambda base, model, api_key: None)
+    monkeypatch.setattr(metric_names, "SCRAPE_WAIT_S", 5.0)
+    monkeypatch.setattr(metric_names, "SCRAPE_INTERVAL_S", 0.01)
+    ctx = type("Ctx", (), {"results": tmp_path, "metrics": {}, "serve": "", "model_id": "m", "api_key": None})()
+    (check,) = metric_names.names_check(ctx)
+    assert check.ok, check.detail
+    written = (tmp_path / "metrics_decode_node.prom").read_text()
+    assert written.startswith("# scrape 1 of 2") and "# scrape 2 of 2" in written

@@ -146,8 +146,12 @@ def scrape_names(texts: Iterable[str]) -> Names:
 
 def missing_from_scrape(s: Settings, texts: Iterable[str]) -> list[str]:
     """The metric and label names a panel or alarm uses that neither the scrape shows nor names.yaml cites."""
+    return missing_from_names(s, scrape_names(texts))
+
+
+def missing_from_names(s: Settings, seen: Names) -> list[str]:
+    """The metric and label names a panel or alarm uses that are not among these seen, nor cited in names.yaml."""
     need = ray_pod_names(s)
-    seen = scrape_names(texts)
     return sorted(need.metrics - seen.metrics) + sorted(f"label {name}" for name in need.labels - seen.labels)
 
 
