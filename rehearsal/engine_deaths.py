@@ -8,6 +8,12 @@ replaces the replica. Recorded: what each request in flight got, the time until 
 succeed again, the NIXL counters and KV-cache use before and after. Required: requests
 after the restart all succeed with NIXL failing none of them, and no stream is cut without an error.
 
+The pd case kills prefill's engine alone. Decode's engine is lost twice elsewhere in the case: killed in its pre-warm
+as the case deploys (rehearsal/faults.py) and with its node (rehearsal/node_loss.py), where the streams it held
+must end with an error and the new replica must serve. Killing it alone too, as the case did until 2026-12-05, costs
+a third restart of decode (80-230 s) and showed nothing those two do not: the same health check and replacement as
+prefill's, and open streams ending with an error event as in the node's loss.
+
 Without ray_pods/nixl_incarnation.py the prefill case does not recover (measured with
 Ray 2.58, vLLM 0.26, NIXL 1.3.1): Serve replaces the replica in about 30 s and the new
 prefill answers, but decode knows its NIXL name (the dead engine's, as Ray names by node
@@ -185,4 +191,3 @@ def settled_counters(start: dict[str, Any], expect: int, timeout: float = 60.0) 
 
 
 prefill_death_check = engine_death("prefill")
-decode_death_check = engine_death("decode")
