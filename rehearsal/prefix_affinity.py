@@ -1,18 +1,28 @@
-"""Prefix-aware routing on two prefill replicas, one decode: where the router sends prompts that share prefixes.
+"""Prefix-aware routing against power of two choices on two prefill replicas, one decode, in one app, side by side.
 
 At the end of the scaling phase's scale-up (rehearsal/scaling.py) prefill runs two replicas, the first and the
-one the load added, under the product's default router (ray_pods/prefix_routing.py). Prefill's minimum is held at
-two in place (a bound, as a user raises it) while one workload runs with nothing else in flight: PREFIXES long
+one the load added, under the product's router (ray_pods/prefix_routing.py). Prefill's minimum is held at two in
+place (a bound, as a user raises it) while one workload runs twice with nothing else in flight: PREFIXES long
 shared prefixes, each asked PER_PREFIX times with a short suffix of its own, round by round (every prefix once,
-then again), CLIENTS at a time. Its prefixes are new to every cache. Before and after it, every node's exporter is
-read once Ray's export holds still; vLLM's counters carry the replica's id (ReplicaId), so each prefill replica's
-prompt tokens and prefix-cache hit rate are its own.
+then again), CLIENTS at a time, as completions. Each run's prefixes are new to every cache.
 
-Reported: each prefill replica's prompt tokens and hit rate, the clients' TTFT (median with its 95% bootstrap
-interval) and time per output token as the client saw it (decode's event loop, where the router's calls run, is in
-that path), decode's engine inter-token latency, and NIXL bytes per request. Required: every request answered and
-split (one NIXL transfer each) while two prefill replicas run. The same run under power of two choices needs the
-app restarted with the router off and a second prefill engine started again: not run here (docs/unverified.md).
+- **Prefix-aware**: the prompts as text. The router matches each against its tree.
+- **Power of two choices**: the same kind of prompts (another seed) as the token ids the engine would make of the
+  text (the model's tokenizer, special tokens added, as vLLM renders a completion's text). The router has no text
+  to match and routes such a request by Serve's own power of two choices (`PowerOfTwoChoicesRequestRouter
+  .choose_replicas`, which Ray's router calls first and falls back to), on the same replicas and engines, and
+  puts nothing in its tree. So the comparison needs no restart and no second engine start, and decode's event loop
+  runs no routing call to the tree actor in this run: its inter-token latency there is decode's without them.
+
+Before, between and after the runs, every node's exporter is read once Ray's export holds still; vLLM's counters
+carry the replica's id (ReplicaId), so each prefill replica's prompt tokens and prefix-cache hit rate are its own.
+
+Reported for each run: each prefill replica's prompt tokens and hit rate, the prompt tokens the engines computed
+against those the client's tokenizer counted (equal: the engines saw the same kind of prompt), the clients' TTFT
+(median with its 95% bootstrap interval) and time per output token as the client saw it, decode's engine
+inter-token latency, and NIXL bytes per request; then the differences, power of two less prefix-aware, with their
+intervals. Required of each run: every request answered and split (one NIXL transfer each) while two prefill
+replicas run.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +65,10 @@ COUNTERS = (QUERIES, HITS, PROMPT, NIXL_BYTES, NIXL_TRANSFERS)
 ENGINE_ITL = "ray_vllm_inter_token_latency_seconds"
 EXPORTERS = (PREFILL_METRICS, DECODE_METRICS, NODE_C_METRICS)
 AFFINITY = "prefix-aware"
+POW2 = "power of two choices"
+# Each router's run: its prompts' seed. The prefix-aware run first, as the scale-up's load left the replicas.
+RUNS = ((AFFINITY, 1), (POW2, 2))
+NOT_SHOWN = "no difference shown"
 
 
 def prompts(seed: int) -> list[str]:
@@ -139,19 +154,30 @@ class Run:
     took_s: float = 0.0
     # Decode's node's NIXL (transfers, failed) once the export held still after the run: the phase's last requests.
     decode_node_after: tuple[float, float] = (0.0, 0.0)
+    # The prompts' tokens as the client's tokenizer counted them.
+    client_tokens: int = 0
 
     @property
     def ok(self) -> list[streams.Outcome]:
         return [o for o in self.outcomes if o.kind == "ok" and o.first_chunk is not None]
 
+    def ttfts_ms(self) -> list[float]:
+        return [(o.first_chunk - o.started) * 1e3 for o in self.ok if o.first_chunk is not None]
+
+    def client_tpots_ms(self) -> list[float]:
+        """Time per output token after the first, as the client saw it (Ray may batch tokens into one chunk)."""
+        return [(o.ended - o.first_chunk) * 1e3 / (MAX_TOKENS - 1) for o in self.ok if o.first_chunk is not None]
+
     def ttft_ms(self) -> tuple[float, float, float] | None:
-        values = [(o.first_chunk - o.started) * 1e3 for o in self.ok if o.first_chunk is not None]
+        values = self.ttfts_ms()
         return percentile_interval(values, 50, np.random.default_rng(0)) if values else None
 
     def client_tpot_ms(self) -> tuple[float, float, float] | None:
-        """Time per output token after the first, as the client saw it (Ray may batch tokens into one chunk)."""
-        values = [(o.ended - o.first_chunk) * 1e3 / (MAX_TOKENS - 1) for o in self.ok if o.first_chunk is not None]
+        values = self.client_tpots_ms()
         return percentile_interval(values, 50, np.random.default_rng(0)) if values else None
+
+    def engine_prompt_tokens(self) -> float:
+        return sum(v[PROMPT] for v in self.prefill.values())
 
     def hit_rate(self, node: str | None = None) -> float | None:
         chosen = [v for n, v in self.prefill.items() if node is None or n == node]
@@ -174,7 +200,8 @@ class Run:
             f"{self.router}: {len(self.ok)}/{len(self.outcomes)} answered in {self.took_s:.0f} s; prefill replicas "
             f"{replicas}; overall hit rate {_pct(self.hit_rate())}; TTFT p50 {interval_ms(self.ttft_ms())}; client "
             f"time per output token p50 {interval_ms(self.client_tpot_ms())}; decode engine ITL p50/p99 {engine}; NIXL "
-            f"{per_request / 1024:.0f} KiB a request over {self.decode_transfers:g} transfers"
+            f"{per_request / 1024:.0f} KiB a request over {self.decode_transfers:g} transfers; prompt tokens "
+            f"{self.engine_prompt_tokens():.0f} by the engines, {self.client_tokens} by the client's tokenizer"
         )
 
 
@@ -182,8 +209,8 @@ def _pct(value: float | None) -> str:
     return "none" if value is None else f"{value:.0%}"
 
 
-def _send(ctx: Context, texts: list[str]) -> list[streams.Outcome]:
-    queue = list(reversed(texts))
+def _send(ctx: Context, requests: list[str] | list[list[int]]) -> list[streams.Outcome]:
+    queue: list[str | list[int]] = list(reversed(requests))
     lock = threading.Lock()
     outcomes: list[streams.Outcome] = []
 
@@ -192,8 +219,8 @@ def _send(ctx: Context, texts: list[str]) -> list[streams.Outcome]:
             with lock:
                 if not queue:
                     return
-                text = queue.pop()
-            outcome = streams.stream_chat(ctx, MAX_TOKENS, timeout=streams.TRAFFIC_TIMEOUT_S, prompt=text)
+                prompt = queue.pop()
+            outcome = streams.stream_completion(ctx, MAX_TOKENS, prompt, timeout=streams.TRAFFIC_TIMEOUT_S)
             with lock:
                 outcomes.append(outcome)
 
@@ -201,19 +228,41 @@ def _send(ctx: Context, texts: list[str]) -> list[streams.Outcome]:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=streams.TRAFFIC_TIMEOUT_S * len(texts))
+        thread.join(timeout=streams.TRAFFIC_TIMEOUT_S * len(requests))
     return outcomes
 
 
-def measure(ctx: Context, router: str = AFFINITY, seed: int = 1) -> Run:
-    """The workload once, nothing else in flight, between two readings that Ray's export holds still."""
+def token_ids(model_dir: Path, texts: list[str]) -> list[list[int]]:
+    """Each text's token ids as vLLM renders a completion's text prompt: the model's tokenizer, special tokens added
+    (CompletionRequest's add_special_tokens defaults to true)."""
+    from transformers import AutoTokenizer  # seconds to import, and only this phase needs it
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return [list(tokenizer(text, add_special_tokens=True)["input_ids"]) for text in texts]
+
+
+def measure(ctx: Context) -> list[Run]:
+    """Each router's run of the workload (RUNS), one after the other with nothing else in flight, each between two
+    readings that Ray's export holds still (the one between them is shared)."""
+    runs = []
     before = settled(_read)
-    began = time.monotonic()
-    outcomes = _send(ctx, prompts(seed))
-    took = time.monotonic() - began
-    after, decode_node = settled(lambda: (_read(), decode_nixl_counters()))
-    sides = _replica_sides(ctx)
-    run = Run(router, outcomes, took_s=round(took, 1), decode_node_after=decode_node)
+    for router, seed in RUNS:
+        texts = prompts(seed)
+        ids = token_ids(ctx.model_dir, texts)
+        began = time.monotonic()
+        outcomes = _send(ctx, texts if router == AFFINITY else ids)
+        took = time.monotonic() - began
+        after, decode_node = settled(lambda: (_read(), decode_nixl_counters()))
+        run = Run(router, outcomes, took_s=round(took, 1), decode_node_after=decode_node)
+        run.client_tokens = sum(len(one) for one in ids)
+        _attribute(run, _replica_sides(ctx), before, after)
+        runs.append(run)
+        before = after
+    return runs
+
+
+def _attribute(run: Run, sides: dict[str, tuple[str, str]], before: Reading, after: Reading) -> None:
+    """Each replica's counters over the run, to its side: prefill's by node, decode's NIXL and inter-token latency."""
     for replica, (side, node) in sides.items():
         now = after.by_replica.get(replica, dict.fromkeys(COUNTERS, 0.0))
         then = before.by_replica.get(replica, dict.fromkeys(COUNTERS, 0.0))
@@ -225,34 +274,79 @@ def measure(ctx: Context, router: str = AFFINITY, seed: int = 1) -> Run:
             run.decode_transfers += delta[NIXL_TRANSFERS]
             if replica in after.itl:
                 run.itl = after.itl[replica].minus(before.itl.get(replica))
-    return run
+
+
+def median_difference(a: list[float], b: list[float], resamples: int = 2000) -> tuple[float, float, float] | None:
+    """b's median less a's, with a 95% bootstrap interval (each sample resampled on its own: the runs' requests are
+    not paired)."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    rng = np.random.default_rng(0)
+    first, second = np.asarray(a), np.asarray(b)
+    drawn_a = np.median(rng.choice(first, (resamples, len(first))), axis=1)
+    drawn_b = np.median(rng.choice(second, (resamples, len(second))), axis=1)
+    lo, hi = np.percentile(drawn_b - drawn_a, [2.5, 97.5])
+    return float(np.median(second) - np.median(first)), float(lo), float(hi)
+
+
+def difference_text(found: tuple[float, float, float] | None, lower: str, higher: str) -> str:
+    """'+12 ms [3, 20]: <higher>', or the same with NOT_SHOWN where the interval holds 0."""
+    if found is None:
+        return "no verdict"
+    verdict = higher if found[1] > 0 else lower if found[2] < 0 else NOT_SHOWN
+    return f"{found[0]:+.0f} ms [{found[1]:.0f}, {found[2]:.0f}]: {verdict}"
+
+
+def comparison(affinity: Run, pow2: Run) -> str:
+    """Power of two less prefix-aware: hit rate, TTFT and the client's time per output token, with intervals."""
+    ttft = median_difference(affinity.ttfts_ms(), pow2.ttfts_ms())
+    tpot = median_difference(affinity.client_tpots_ms(), pow2.client_tpots_ms())
+    a_rate, b_rate = affinity.hit_rate(), pow2.hit_rate()
+    rate = "none" if a_rate is None or b_rate is None else f"{100 * (b_rate - a_rate):+.0f} points"
+    return (
+        f"{POW2} less {AFFINITY}: hit rate {rate}; TTFT p50 "
+        f"{difference_text(ttft, f'{POW2} lower', f'{AFFINITY} lower')}; client time per output token p50 "
+        f"{difference_text(tpot, f'{POW2} lower', f'{AFFINITY} lower')}"
+    )
 
 
 def run_checks(run: Run) -> list[Any]:
     """What each run requires: every request answered and split. Where the router sent them is reported: at a
-    light load prefix-aware routing may keep every request on one replica, as it should."""
+    light load prefix-aware routing may keep every request on one replica, as it should. Also required: prefill's
+    engines computed exactly the prompt tokens the client's tokenizer counted, so token ids and text gave the engines
+    the same kind of prompts, each once."""
     answered = len(run.ok) == len(run.outcomes) == PREFIXES * PER_PREFIX
+    same_tokens = run.client_tokens > 0 and run.engine_prompt_tokens() == run.client_tokens
     return [
         Check(
-            f"prefix routing ({run.router}), two prefill replicas: every request answered, one NIXL transfer each",
-            answered and run.decode_transfers == len(run.ok) and len(run.prefill) == 2,
+            f"prefix routing ({run.router}), two prefill replicas: every request answered, one NIXL transfer each, "
+            "the prompt tokens the client counted",
+            answered and run.decode_transfers == len(run.ok) and len(run.prefill) == 2 and same_tokens,
             run.summary(),
         )
     ]
 
 
-def report(ctx: Context, run: Run) -> None:
-    """The run in the case's log and metrics."""
+METRIC_PREFIX = {AFFINITY: "prefix_affinity", POW2: "prefix_pow2"}
+
+
+def report(ctx: Context, runs: list[Run]) -> None:
+    """The runs in the case's log and metrics, and their comparison where both ran."""
     ctx.log_lines.append(
         f"prefix routing, two prefill replicas and one decode, {PREFIXES} prefixes x {PER_PREFIX}, {CLIENTS} clients: "
-        f"{run.summary()}"
+        + " | ".join(run.summary() for run in runs)
     )
-    ttft = run.ttft_ms()
-    kib = run.decode_bytes / run.decode_transfers / 1024 if run.decode_transfers else 0.0
-    ctx.metrics.update(
-        {
-            "prefix_affinity_hit_rate": round(run.hit_rate() or 0.0, 3),
-            "prefix_affinity_ttft_p50_ms": round(ttft[0], 1) if ttft else None,
-            "prefix_affinity_nixl_kib_per_request": round(kib, 1),
-        }
-    )
+    by_router = {run.router: run for run in runs}
+    if AFFINITY in by_router and POW2 in by_router:
+        ctx.log_lines.append(f"prefix routing side by side: {comparison(by_router[AFFINITY], by_router[POW2])}")
+    for run in runs:
+        ttft = run.ttft_ms()
+        kib = run.decode_bytes / run.decode_transfers / 1024 if run.decode_transfers else 0.0
+        name = METRIC_PREFIX[run.router]
+        ctx.metrics.update(
+            {
+                f"{name}_hit_rate": round(run.hit_rate() or 0.0, 3),
+                f"{name}_ttft_p50_ms": round(ttft[0], 1) if ttft else None,
+                f"{name}_nixl_kib_per_request": round(kib, 1),
+            }
+        )

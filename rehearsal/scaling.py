@@ -16,8 +16,9 @@ Autoscaler a node for it (their part is tested on the synthesized template: test
 
 Load: LOAD clients, each sending prefill-heavy streams one after another (a long prompt of its own,
 so that no prefix cache spares a transfer, and a short answer). Once two replicas serve, prefill's minimum is held
-at two in place and, after the load, the prefix-routing run (rehearsal/prefix_affinity.py) sends prompts that
-share prefixes to both; then the minimum goes back to one and the side must return to one replica while idle.
+at two in place and, after the load, the prefix-routing runs (rehearsal/prefix_affinity.py) send prompts that
+share prefixes to both, prefix-aware and by power of two choices side by side; then the minimum goes back to one
+and the side must return to one replica while idle.
 The case's surge phase (rehearsal/surge.py) then starts a prefill replica where one stopped before, on
 the same node and likely the same rank, so the same NIXL name as the one that stopped without
 ray_pods/nixl_incarnation.py (vllm#49238): decode must still shake hands with it, and that phase checks every
@@ -277,7 +278,7 @@ def scaling_check(ctx: Context) -> list[Any]:
 
     steps: dict[str, float | None] = {}
     outcomes: list[streams.Outcome] = []
-    affinity: prefix_affinity.Run | None = None
+    routed: list[prefix_affinity.Run] = []
     with third_node(ctx.nodes) as node_c, Timeline(ctx, deployment) as timeline:
         try:
             start_worker(ctx.env, ctx.temp_dir, node_c, ip=NODE_C_IP, iface=NODE_C_IFACE, resources={SIDE: 1})
@@ -299,17 +300,15 @@ def scaling_check(ctx: Context) -> list[Any]:
                     outcomes += load.outcomes
                     tokens.append(_prompt_tokens())
                     if steps[step] is not None:
-                        affinity = prefix_affinity.measure(ctx)
-                        outcomes += affinity.outcomes
+                        routed = prefix_affinity.measure(ctx)
+                        outcomes += [o for run in routed for o in run.outcomes]
                         _put(ctx, ctx.config)
                 else:
                     steps[step] = timeline.wait_for(running, DOWN_WITHIN_S)
                     sets.append(set(timeline.replicas()))
                     tokens.append(_prompt_tokens())
-            # No request since the prefix-routing run, whose last reading held still: its counters are the phase's.
-            transfers_after, failed_after = (
-                settled(decode_nixl_counters) if affinity is None else affinity.decode_node_after
-            )
+            # No request since the prefix-routing runs, whose last reading held still: its counters are the phase's.
+            transfers_after, failed_after = routed[-1].decode_node_after if routed else settled(decode_nixl_counters)
         finally:
             stop_node_b(node_c)
     nodes = timeline.nodes_of()
@@ -353,9 +352,9 @@ def scaling_check(ctx: Context) -> list[Any]:
             f"prompt tokens by the new replica's node while the load ran: {served} (decode is on {WORKER_IP})",
         )
     )
-    if affinity is not None:
-        prefix_affinity.report(ctx, affinity)
-        found += prefix_affinity.run_checks(affinity)
+    if routed:
+        prefix_affinity.report(ctx, routed)
+        found += [check for run in routed for check in prefix_affinity.run_checks(run)]
     found.append(
         Check(
             "scaling: every request succeeded, one NIXL transfer each, none failed",

@@ -72,23 +72,27 @@ def stream_chat(
     extra_headers: dict[str, str] | None = None,
 ) -> Outcome:
     """One streaming chat through the endpoint, read to its end."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+    return _stream(ctx, "/v1/chat/completions", body, timeout, extra_headers)
+
+
+def stream_completion(ctx: Context, max_tokens: int, prompt: str | list[int], timeout: float = 300.0) -> Outcome:
+    """One streaming completion through the endpoint, read to its end: its prompt text, or its token ids."""
+    return _stream(ctx, "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens}, timeout, None)
+
+
+def _stream(
+    ctx: Context, path: str, request: dict[str, object], timeout: float, extra_headers: dict[str, str] | None
+) -> Outcome:
     outcome = Outcome(started=time.monotonic())
     headers = {"Content-Type": "application/json", **(extra_headers or {})}
     if ctx.api_key is not None:
         headers["Authorization"] = f"Bearer {ctx.api_key}"
-    body = json.dumps(
-        {
-            "model": ctx.model_id,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-        }
-    ).encode()
+    body = json.dumps({"model": ctx.model_id, **request, "ignore_eos": True, "stream": True}).encode()
     parts = urlsplit(ctx.serve)
     connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
     try:
-        connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        connection.request("POST", path, body=body, headers=headers)
         response = connection.getresponse()
         outcome.status = response.status
         if response.status != 200:

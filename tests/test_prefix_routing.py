@@ -174,3 +174,50 @@ def test_a_replica_chosen_for_no_request_goes_to_the_oldest_pending_one(local_ra
 
     assert asyncio.run(handed(PrefixAffinityRouter)) == ["replica B", "replica A"]
     assert asyncio.run(handed(PrefixCacheAffinityRouter)) == [None, "replica A"]
+
+
+@one_ray
+def test_a_prompt_of_token_ids_goes_by_power_of_two_choices_and_stays_out_of_the_tree(local_ray: None) -> None:
+    """The rehearsal's power-of-two run sends its prompts as token ids (rehearsal/prefix_affinity.py): the router has
+    no text to match for them, so Ray's choose_replicas returns its power-of-two choice (an empty prefix choice), and
+    nothing goes into the tree; a text prompt is matched and put in it. Ray's own router divides by the empty text."""
+    require_serve_deps()
+    import ray  # imports ray: make test-fast runs without it
+    from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest  # imports ray
+    from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (  # imports ray
+        PrefixCacheAffinityRouter,
+    )
+    from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_tree import PrefixTreeActor  # imports ray
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID, RequestMetadata  # ray
+    from ray.serve._private.request_router.common import PendingRequest  # imports ray
+
+    from ray_pods.prefix_routing import PrefixAffinityRouter  # imports ray
+
+    deployment = DeploymentID(name="Prefill", app_name="llm")
+    replica = ReplicaID("r1", deployment)
+    tree = PrefixTreeActor.remote()
+    ray.get(tree.add_tenants.remote([replica.to_full_id_str()], time.time()), timeout=30)
+    text = "A shared system prompt."
+
+    def pending(prompt: str | list[int]) -> Any:
+        metadata = RequestMetadata(request_id="r", internal_request_id="i")
+        return PendingRequest(args=[CompletionRequest(model="m", prompt=prompt)], kwargs={}, metadata=metadata)
+
+    async def route(router_class: type, prompt: str | list[int], match: bool = True) -> Any:
+        router = router_class(deployment_id=deployment, handle_source=DeploymentHandleSource.REPLICA)
+        router.initialize_state(tree_actor=tree, imbalanced_threshold=1)
+        request = pending(prompt)
+        chosen = await router._prefix_match_best_replicas(request, []) if match else None
+        router.on_request_routed(request, replica, None)
+        return chosen
+
+    def tree_chars() -> int:
+        return int(ray.get(tree.getattr.remote("tenant_to_char_count"), timeout=30)[replica.to_full_id_str()])
+
+    assert asyncio.run(route(PrefixAffinityRouter, [11, 12, 13])) == [[]]
+    assert tree_chars() == 0
+    with pytest.raises(ZeroDivisionError):
+        asyncio.run(route(PrefixCacheAffinityRouter, [11, 12, 13]))
+    # Matching a text needs the replica the tree names in the router's set: here only its insert is read.
+    asyncio.run(route(PrefixAffinityRouter, text, match=False))
+    assert tree_chars() == len(text)
