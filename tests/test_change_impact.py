@@ -231,9 +231,9 @@ def test_the_diff_workflow_installs_serve_before_the_guard() -> None:
     assert serve_at < next(i for i, run in enumerate(runs) if "tools.pr_guard" in run)
 
 
-def test_the_readme_gives_the_interruptions_change_impact_computes() -> None:
-    """The README's table of what each change interrupts quotes change-impact's figures on the defaults."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_upgrades_table_gives_the_interruptions_change_impact_computes() -> None:
+    """docs/operations.md's table of what each change interrupts quotes change-impact's figures on the defaults."""
+    readme = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
     s = Settings()
     for kind, (new_weights, image_pull, gpu_nodes_only) in {
         "an engine setting": (False, False, False),

@@ -105,9 +105,19 @@ def template() -> dict[str, object]:
 def settings_file(result: Run) -> None:
     assert result.returncode == 0, result.output
     text = json.dumps(template())
-    # The file's settings reached the template: the access entry, the API endpoint's CIDR.
-    assert "arn:aws:iam::123456789012:role/YourRole" in text
+    # The file's settings reached the template: the API endpoint's CIDR, the alarms' address.
     assert "203.0.113.0/24" in text
+    assert "you@example.com" in text
+
+
+def set_up(result: Run) -> None:
+    """The quick start's first command: the template, and the defaults' warnings the README explains."""
+    assert result.returncode == 0, result.output
+    assert template()["Resources"]
+    printed = [line for line in result.output.splitlines() if line.startswith("warning: ")]
+    section = (ROOT / "README.md").read_text().split("## What `make synth` warns on the defaults", 1)[1]
+    quoted = re.findall(r"^- \*\*(.+?)\*\*", section.split("\n## ", 1)[0], re.MULTILINE)
+    assert [line.removeprefix("warning: ")[: len(q)] for line, q in zip(printed, quoted, strict=True)] == quoted
 
 
 def settings_override(result: Run) -> None:
@@ -143,6 +153,7 @@ OFFLINE: list[tuple[str, str, Callable[[Run], None]]] = [
     ("docs/getting-started.md", "preflight-no-credentials", preflight_no_credentials),
     ("docs/getting-started.md", "settings-bad-value", settings_bad_value),
     ("docs/getting-started.md", "settings-override", settings_override),
+    ("README.md", "set-up", set_up),
     ("README.md", "settings-file", settings_file),
 ]
 

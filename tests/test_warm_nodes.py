@@ -213,11 +213,6 @@ def test_the_operations_page_gives_the_budgets_plan_computes() -> None:
     expected = [sizing.scale_up_seconds(s, case) for case in (sizing.COLD_STANDARD_PULL, sizing.COLD, sizing.WARM)]
     assert cells == [f"{low / 60:.1f}-{high / 60:.1f} min" for low, high in expected]
     assert f"{sizing.seconds_before_any_pull(s)[0]:.0f}-{sizing.seconds_before_any_pull(s)[1]:.0f} s" in page
-    # The README rounds them to whole minutes.
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for case in (sizing.COLD, sizing.WARM):
-        low, high = sizing.scale_up_seconds(s, case)
-        assert f"about {round(low / 60)}-{round(high / 60)} minutes" in readme, case
 
 
 def test_cfn_lint_and_cdk_nag_are_clean_with_a_warm_node() -> None:
