@@ -20,7 +20,9 @@ from settings.sizing import (
     GPU_ROOT_MIN_GIB_WITH_INSTANCE_STORE,
     GPU_ROOT_MIN_GIB_WITHOUT_INSTANCE_STORE,
     MAX_GPU_MEMORY_UTILIZATION,
+    SIDES,
     nlb_longest_request_timeout,
+    pod_efa_gbps,
 )
 
 
@@ -38,6 +40,8 @@ def _listed(values: Iterable[object]) -> str:
 
 
 _BOOL = "true or false"
+# Gbps, in bits: the KV floor alarm's threshold is in GB/s.
+_DEFAULT_POD_EFA_GBPS = min(pod_efa_gbps(Settings(), side) for side in SIDES)
 
 SETTING_DOCS: dict[str, SettingDoc] = {
     "region": SettingDoc(
@@ -55,11 +59,11 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "vpc_cidr": SettingDoc(
         "the new VPC's range (/16 to /20)",
-        "an IPv4 network from /16 to /20",
+        "an IPv4 network from /16 to /20; only without `vpc_id`",
     ),
     "max_azs": SettingDoc(
         "AZs of the new VPC (2 or 3)",
-        "2 or 3",
+        "2 or 3; only without `vpc_id`",
     ),
     "cluster_name": SettingDoc(
         "EKS cluster name",
@@ -80,7 +84,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "cluster_admin_arns": SettingDoc(
         "IAM role/user ARNs (comma-separated) given cluster admin by access entries",
-        "IAM role or user ARNs, `arn:aws:iam::<account>:role/<name>`",
+        "IAM role or user ARNs, `arn:aws:iam::<account>:role/<name>`, never the `assumed-role` session ARN `aws sts get-caller-identity` prints (`make preflight` prints your role's)",
     ),
     "system_instance_type": SettingDoc(
         "system nodes",
@@ -109,7 +113,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "gpu_ami_release_version": SettingDoc(
         'the GPU node group\'s EKS optimized AL2023 NVIDIA AMI release (see docs/operations.md, "Moving the AMI release"); the system nodes take the newest',
-        "`<kubernetes_version>.<patch>-<YYYYMMDD>`",
+        "`<kubernetes_version>.<patch>-<YYYYMMDD>`, no older than the catalog's release (its NVIDIA driver is the one the image needs)",
         "the catalog's release for `kubernetes_version` (`1.36.2-20260714` on 1.36)",
     ),
     "gpu_warm_nodes": SettingDoc(
@@ -140,7 +144,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "capacity_block_end_warning_hours": SettingDoc(
         "preflight warns when the Capacity Block ends within this many hours (its end terminates the GPU nodes)",
-        span("capacity_block_end_warning_hours"),
+        f"{span('capacity_block_end_warning_hours')}; only with `gpu_capacity_block`",
     ),
     "pod_imds_access": SettingDoc(
         "IMDS hop limit 2 instead of 1 (lets pods reach node credentials)",
@@ -204,7 +208,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "ray_worker_idle_timeout_seconds": SettingDoc(
         "with a range on some side: how long Ray's autoscaler keeps an idle worker pod (KubeRay `idleTimeoutSeconds`)",
-        span("ray_worker_idle_timeout_seconds"),
+        f"{span('ray_worker_idle_timeout_seconds')}; only with a range on some side",
     ),
     "ray_cluster_upgrade": SettingDoc(
         "how a change to the Ray cluster (image, pods, environment) rolls out: `auto`, KubeRay's blue/green `NewCluster` where the GPU group's maximum holds a second cluster at every side's minimum (the old one serves until the new one's app runs), else the recreate Job (the endpoint is down for a cluster start); `recreate`, always the Job (a capacity reservation with no room for a second cluster). See docs/operations.md, \"Upgrades\"",
@@ -221,7 +225,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "gcs_store_node_type": SettingDoc(
         "the GCS store's ElastiCache node type, two of them (Ray's tables are kilobytes to a few MB)",
-        f"one of {_listed(catalog.GCS_STORE_NODE_PRICES)}",
+        f"one of {_listed(catalog.GCS_STORE_NODE_PRICES)}; only with `gcs_fault_tolerance`",
     ),
     "prefill_tensor_parallel_size": SettingDoc(
         "GPUs per engine replica on each side (vLLM `tensor_parallel_size`): a divisor of the node's GPUs, each pod holding whole EFA devices; the two may differ where vLLM 0.26's NixlConnector allows it (see \"Bigger instances\")",
@@ -242,7 +246,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "prefix_cache_routing": SettingDoc(
         "Ray's prefix-cache affinity router on each engine deployment that can run more than one replica: a prompt goes to the replica that already holds its prefix (a shared system prompt, a conversation) while the replicas' queues are close (within 1 on prefill; within the full-length sequences its KV cache holds on decode), else to the less loaded one; its tree of prompts is kept within each replica's KV cache (see \"Which requests are split\"). Switching it restarts every replica of the app.",
-        _BOOL,
+        f"{_BOOL}; only in `disaggregated` mode",
     ),
     "ray_image": SettingDoc(
         "AWS Ray LLM DLC (Ray 2.58.0, vLLM 0.26.0, EFA). Another image must run Ray 2.58.0, the version the serve config is validated against (`IMAGE_RAY_VERSION` in `settings/catalog.py`, pinned again in `requirements-serve.lock`; a test keeps them equal), and carry the EFA installer's libfabric",
@@ -271,7 +275,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "hf_token_kms_key_arn": SettingDoc(
         "the customer-managed KMS key of that secret, if it has one: the External Secrets role may decrypt with it, through Secrets Manager only (preflight finds it)",
-        "a KMS key ARN (not an alias); only with `hf_token_secret_name`",
+        "a KMS key ARN (not an alias) in the stack's region; only with `hf_token_secret_name`",
     ),
     "internal_endpoint_cidrs": SettingDoc(
         'CIDRs (comma-separated) allowed to an internal NLB on port 8000; empty: no load balancer (see "Private access"); without `endpoint_api_keys_secret_name`, synth warns in one line',
@@ -283,19 +287,23 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "endpoint_api_keys_kms_key_arn": SettingDoc(
         "the customer-managed KMS key of the keys' secret, if it has one: the External Secrets role may decrypt with it, through Secrets Manager only (preflight finds it; without it the Ray pods never start)",
-        "a KMS key ARN (not an alias); only with `endpoint_api_keys_secret_name`",
+        "a KMS key ARN (not an alias) in the stack's region; only with `endpoint_api_keys_secret_name`",
     ),
     "endpoint_api_keys_refresh_seconds": SettingDoc(
         "how often External Secrets re-reads the keys: the largest term of a rotation's delay",
-        span("endpoint_api_keys_refresh_seconds"),
+        f"{span('endpoint_api_keys_refresh_seconds')}; only with `endpoint_api_keys_secret_name`",
     ),
     "endpoint_rate_limit_rpm": SettingDoc(
         "requests per minute per key, counted per ingress replica (one by default): past it, 429 with `Retry-After`; needs the keys",
         f"{span('endpoint_rate_limit_rpm')} (0: no limit); above 0 needs `endpoint_api_keys_secret_name`",
     ),
+    "pd_prefill_header_keys": SettingDoc(
+        "key ids (comma-separated) of `endpoint_api_keys_secret_name` whose requests may send `x-pd-prefill: split` or `local` to choose where decode prefills (for `verify` and debugging); the endpoint refuses the header from every other caller with 403 (see docs/security.md)",
+        "key ids; only with `endpoint_api_keys_secret_name` in `disaggregated` mode",
+    ),
     "endpoint_tls_certificate_arn": SettingDoc(
         "an ACM certificate: the internal NLB listens with TLS on 443 only (needs `internal_endpoint_cidrs`)",
-        "an ACM certificate ARN; only with `internal_endpoint_cidrs`",
+        "an ACM certificate ARN of the stack's region and account; only with `internal_endpoint_cidrs`",
     ),
     "observability": SettingDoc(
         'the CloudWatch observability add-on, the managed Prometheus workspace and collector, the alarms and the dashboard (see "Watching it"); about $88 a month on the defaults, under 3% of the stack',
@@ -303,30 +311,30 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     ),
     "observability_scrape_interval_seconds": SettingDoc(
         "seconds between scrapes of the Ray pods (a managed collector scrapes at most every 30 s)",
-        span("observability_scrape_interval_seconds"),
+        f"{span('observability_scrape_interval_seconds')}; only with `observability`",
     ),
     "alarm_email": SettingDoc(
         "an address subscribed to the alarm topic (its owner confirms the subscription by mail)",
-        "one e-mail address",
+        "one e-mail address; only with `observability`",
     ),
     "alarm_ttft_p99_seconds": SettingDoc(
         "TTFT p99 of either engine above this for 5 minutes alarms",
-        "above 0 and at most 600",
+        "above 0 and at most 600; only with `observability`",
     ),
     "alarm_kv_throughput_floor_gb_per_s": SettingDoc(
         "KV transfers slower than this (bytes over NIXL's transfer time) for 5 minutes, while transfers happen, alarm",
-        "above 0 and at most 100",
+        f"above 0 and at most 100, and at most one engine pod's EFA line rate ({_DEFAULT_POD_EFA_GBPS / 8:g} GB/s on {Settings().gpu_instance_type}: {_DEFAULT_POD_EFA_GBPS:g} Gbps); only with `observability` in `disaggregated` mode",
     ),
     "alarm_kv_cache_usage_ratio": SettingDoc(
         "an engine's KV cache fuller than this for 10 minutes alarms",
-        "above 0 and at most 1",
+        "above 0 and at most 1; only with `observability`",
     ),
     "alarm_efa_flat_bytes_per_second": SettingDoc(
         'EFA "flat": the GPU nodes\' EFA receive rate below this (half of the KV-off-EFA alarm)',
-        "above 0 and below `alarm_pod_network_kv_bytes_per_second`",
+        "above 0 and below `alarm_pod_network_kv_bytes_per_second` and the GPU nodes' EFA line rate; only with `observability`",
     ),
     "alarm_pod_network_kv_bytes_per_second": SettingDoc(
         "KV-sized traffic on the pod network: the serving pods' receive rate above this (the other half)",
-        "above `alarm_efa_flat_bytes_per_second`",
+        "above `alarm_efa_flat_bytes_per_second`, below the serving nodes' line rate on the pod network; only with `observability`",
     ),
 }

@@ -107,15 +107,55 @@ def _nearest(key: str) -> str:
     return f"settings are {sorted(SETTING_NAMES)}"
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is refused: YAML 1.2 and JSON
+    (RFC 8259: names "SHOULD be unique") leave it to the reader, and PyYAML silently keeps the last."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # A merge key (<<) may be overridden by design: such a mapping is read as PyYAML reads it.
+        if not any(key_node.tag == "tag:yaml.org,2002:merge" for key_node, _ in node.value):
+            seen: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, str) and key in seen:
+                    value = self.construct_object(value_node, deep=True)
+                    raise _DuplicateKeyError(key, value, seen[key], line)
+                if isinstance(key, str):
+                    seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str, value: object, first: int, second: int) -> None:
+        super().__init__(key)
+        self.key, self.value, self.first, self.second = key, value, first, second
+
+
+def _yaml_error(err: yaml.YAMLError) -> str:
+    """PyYAML's error in one line, with the line and column it names (its text spreads them over several)."""
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        what = " ".join(part for part in (err.problem, err.context) if part) or type(err).__name__
+        return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
+    return str(err).splitlines()[0]
+
+
 def read_settings_file(path: str | Path) -> dict[str, Any]:
-    """A YAML or JSON mapping of setting names to values."""
+    """A YAML or JSON mapping of setting names to values; a key given twice is refused."""
     file = Path(path)
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
     except OSError as err:
         raise SettingsError(SETTINGS_FILE_KEY, str(path), f"a readable file ({err.strerror})") from None
+    except _DuplicateKeyError as dup:
+        raise SettingsError(
+            dup.key,
+            dup.value,
+            f"given twice in {path}, at lines {dup.first} and {dup.second} (only one would count); keep one",
+        ) from None
     except yaml.YAMLError as err:
-        raise SettingsError(SETTINGS_FILE_KEY, str(path), f"YAML or JSON ({str(err).splitlines()[0]})") from None
+        raise SettingsError(SETTINGS_FILE_KEY, str(path), f"YAML or JSON ({_yaml_error(err)})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -139,7 +179,9 @@ def settings_from(context: Mapping[str, Any]) -> Settings:
             raise SettingsError(key, value, f"not a setting; {_nearest(key)}")
         merged[key] = value
     typed = {f.name: _coerce(f.name, merged[f.name]) for f in fields(Settings) if f.name in merged}
-    return validate(Settings(**typed))
+    # The keys the user gave, not only their values: a setting given where it has no effect is refused
+    # even at its default (settings/rules/effect.py).
+    return validate(Settings(**typed), given=frozenset(typed))
 
 
 def project_context(root: Path = PROJECT_ROOT) -> dict[str, Any]:

@@ -16,6 +16,14 @@ from settings.rules.bounds import RANGES, span
 # What a setting's upper end needs from the others to be valid on its own.
 NEEDS: dict[str, dict[str, Any]] = {
     "endpoint_rate_limit_rpm": {"endpoint_api_keys_secret_name": "pd-inference/api-keys"},
+    # Settings that act only in some configurations (settings/rules/effect.py), given in one where they act.
+    "endpoint_api_keys_refresh_seconds": {"endpoint_api_keys_secret_name": "pd-inference/api-keys"},
+    "capacity_block_end_warning_hours": {
+        "gpu_capacity_block": True,
+        "gpu_capacity_reservation_id": "cr-0123456789abcdef0",
+        "gpu_placement_group": False,
+    },
+    "ray_worker_idle_timeout_seconds": {"prefill_max_replicas": 2, "prefill_target_ongoing_requests": 1.0},
     "prefill_replicas": {"prefill_max_replicas": 16},
     "decode_replicas": {"decode_max_replicas": 16},
     # Warm nodes lie within the GPU group's range: both sides at 16 leave room for 30.

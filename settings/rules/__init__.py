@@ -4,7 +4,11 @@ The order is the order a user meets the errors in: the first bad key is the one 
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from settings.model import Settings
+from settings.rules.arns import check_arn_placement
+from settings.rules.effect import check_effect, given_in_code
 from settings.rules.endpoint import check_endpoint_keys, check_internal_endpoint
 from settings.rules.network import check_network
 from settings.rules.nodes import (
@@ -27,8 +31,12 @@ from settings.rules.serving import (
 __all__ = ["validate"]
 
 
-def validate(s: Settings) -> Settings:
-    """Check every setting once. Raises SettingsError naming the first bad key, its value and what is allowed."""
+def validate(s: Settings, given: Collection[str] | None = None) -> Settings:
+    """Check every setting once. Raises SettingsError naming the first bad key, its value and what is allowed.
+
+    `given`: the settings the user gave (settings/loading.py knows them); None, every value other than its
+    default. A setting given where it has no effect is refused, after every value is known to be valid.
+    """
     check_network(s)
     check_system_nodes(s)
     check_gpu_nodes(s)
@@ -44,4 +52,6 @@ def validate(s: Settings) -> Settings:
     check_endpoint_keys(s)
     check_observability(s)
     check_backpressure(s)
+    check_arn_placement(s)
+    check_effect(s, given_in_code(s) if given is None else given)
     return s

@@ -12,6 +12,8 @@ from settings.rules.base import ipv4_network, require
 _AWS_ACCOUNT = re.compile(r"^\d{12}$")
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")
 _IAM_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+# What `aws sts get-caller-identity` prints for a role's session: the role's name without its path.
+_ASSUMED_ROLE_SESSION = re.compile(r"^arn:aws[a-z-]*:sts::\d{12}:assumed-role/[^/]+/.+$")
 _CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
 
 
@@ -72,6 +74,15 @@ def check_network(s: Settings) -> None:
         "empty when endpoint_access is 'private' (there is no public endpoint to restrict)",
     )
     for arn in s.cluster_admin_arns:
+        # Converted offline it would lose the role's path (SSO roles have one), and EKS would refuse the entry.
+        require(
+            not _ASSUMED_ROLE_SESSION.match(arn),
+            "cluster_admin_arns",
+            arn,
+            "an IAM role ARN, not the assumed-role session ARN `aws sts get-caller-identity` prints: leave it out "
+            "and run `make preflight`, whose cluster admin line looks the role up in IAM and prints the "
+            "-c cluster_admin_arns=... to use",
+        )
         require(
             bool(_IAM_PRINCIPAL.match(arn)),
             "cluster_admin_arns",

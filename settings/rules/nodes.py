@@ -87,15 +87,32 @@ def check_gpu_nodes(s: Settings) -> None:
 
 
 def check_gpu_ami_release(s: Settings) -> None:
-    """An EKS optimized AMI release of the cluster's own minor version (EKS creates a node group on no other)."""
+    """An EKS optimized AMI release of the cluster's own minor version (EKS creates a node group on no other),
+    no older than the catalog's: the image's CUDA needs an NVIDIA driver of IMAGE_MIN_NVIDIA_DRIVER or newer,
+    which the pinned release ships, and an older release may not (amazon-eks-ami moved minors to it over time)."""
+    pinned = catalog.GPU_AMI_RELEASE_VERSIONS[s.kubernetes_version]
     pattern = re.escape(s.kubernetes_version) + r"\.\d+-\d{8}"
     require(
         s.gpu_ami_release_version is None or re.fullmatch(pattern, s.gpu_ami_release_version) is not None,
         "gpu_ami_release_version",
         s.gpu_ami_release_version,
         f"an EKS optimized AL2023 NVIDIA AMI release for Kubernetes {s.kubernetes_version}: "
-        f"{s.kubernetes_version}.<patch>-<YYYYMMDD>, e.g. {catalog.GPU_AMI_RELEASE_VERSIONS[s.kubernetes_version]}",
+        f"{s.kubernetes_version}.<patch>-<YYYYMMDD>, e.g. {pinned}",
     )
+    if s.gpu_ami_release_version is not None:
+        require(
+            _release_order(s.gpu_ami_release_version) >= _release_order(pinned),
+            "gpu_ami_release_version",
+            s.gpu_ami_release_version,
+            f"{pinned} or later (the catalog's release, whose NVIDIA driver is {catalog.IMAGE_MIN_NVIDIA_DRIVER} or "
+            f"newer as the image's CUDA needs; an older release may ship an older driver)",
+        )
+
+
+def _release_order(release: str) -> tuple[str, int]:
+    """A release's place in time: its date, then its Kubernetes patch."""
+    version, _, date = release.partition("-")
+    return date, int(version.rsplit(".", 1)[1])
 
 
 def check_capacity_block(s: Settings) -> None:

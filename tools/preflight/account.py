@@ -282,7 +282,8 @@ def cluster_admin(account: Account) -> list[Result]:
                 "WARN",
                 "cluster admin",
                 f"{caller} is not in cluster_admin_arns: {_README_ADMIN_WARNING}",
-                f"-c cluster_admin_arns={caller}",
+                # The admins already named stay: the setting replaces the whole list.
+                f"-c cluster_admin_arns={','.join([*settings.cluster_admin_arns, caller])}",
             )
         )
     return results

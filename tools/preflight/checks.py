@@ -23,6 +23,7 @@ from tools.preflight.account import (
     identity,
     kubernetes_version,
 )
+from tools.preflight.arns import setting_arns
 from tools.preflight.base import Account, Result, Session, guarded
 from tools.preflight.capacity import capacity_reservation, efa, vcpu_quotas
 from tools.preflight.network import existing_vpc, vpc_room
@@ -45,6 +46,7 @@ CHECKS: tuple[tuple[str, Callable[[Account], list[Result]]], ...] = (
     ("API keys secret", endpoint_keys_secret),
     ("image cache", image_cache),
     ("cluster admin", cluster_admin),
+    ("setting ARNs", setting_arns),
 )
 
 
