@@ -16,7 +16,7 @@ CDK := $(abspath node_modules/.bin/cdk)
 SETTINGS ?=
 SETTINGS_ARGS = $(if $(SETTINGS),-c settings_file=$(SETTINGS)) $(CDK_ARGS)
 
-.PHONY: help setup setup-dev setup-serve native synth bootstrap deploy upgrade diff destroy bench-notice test test-fast rehearse lint fetch-schemas schemas review settings-reference handoff preflight plan change-impact verify bench benchmark clean
+.PHONY: help setup setup-dev setup-serve native synth bootstrap deploy upgrade diff destroy bench-notice test test-fast rehearse lint fetch-schemas schemas review settings-reference handoff preflight plan change-impact status wait verify bench benchmark clean
 
 # `make` alone lists the targets; nothing runs the first rule by default.
 .DEFAULT_GOAL := help
@@ -157,6 +157,14 @@ change-impact:
 	@test -f $(VENV)/.serve-installed || echo "make change-impact: $(SERVE_NOTICE): it classifies the change with Ray Serve's own code"
 	@$(MAKE) --no-print-directory setup-serve
 	$(BIN)/python -m tools.change_impact $(DEPLOYED) $(PROPOSED) $(SETTINGS_ARGS)
+
+## After `cdk deploy`: the RayService, each side's replicas, the engines' load progress, and why not ready.
+status: setup
+	$(BIN)/python -m tools.status $(SETTINGS_ARGS)
+
+## After `cdk deploy`: return once the endpoint answers a chat (TIMEOUT=seconds), else one line saying why.
+wait: setup
+	$(BIN)/python -m tools.status --wait $(if $(TIMEOUT),--timeout $(TIMEOUT)) $(SETTINGS_ARGS)
 
 ## After `cdk deploy`: check the fabric, the endpoint and the NIXL metrics.
 verify: setup
