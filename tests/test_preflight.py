@@ -64,6 +64,7 @@ def test_every_check_passes_on_a_ready_account() -> None:
         "region",
         "CDK bootstrap",
         "Kubernetes version",
+        "GPU AMI release",
         "EFA",
         "GPU availability zone",
         "G and VT vCPUs",
@@ -103,7 +104,7 @@ def test_bootstrap_version(answer: Answer, expected: str) -> None:
     status, line = status_of("CDK bootstrap", account(**{"ssm:GetParameter": answer}), *GOOD)
     assert status == expected
     if expected != "PASS":
-        assert line.fix == f"npx cdk bootstrap aws://{ACCOUNT}/us-east-1"
+        assert line.fix == f"make bootstrap SETTINGS=<your settings file> (cdk bootstrap aws://{ACCOUNT}/us-east-1)"
 
 
 def test_the_pinned_cli_bootstrap_version_is_read_from_its_template() -> None:
@@ -629,9 +630,10 @@ def test_the_table_and_markdown_carry_each_fix() -> None:
 
 def test_exit_code_is_non_zero_on_a_fail(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*[f"-c{p}" for p in GOOD], "-cregion=us-east-1"], session=FakeAws(account())) == 0
+    # No SSM parameter at all: CDK's bootstrap version and the GPU AMI release both fail.
     failing = account(**{"ssm:GetParameter": client_error("ParameterNotFound")})
     assert main([f"-c{p}" for p in GOOD], session=FakeAws(failing)) == 1
-    assert "preflight: 12 passed, 0 warned, 1 failed" in capsys.readouterr().out
+    assert " passed, 0 warned, 2 failed" in capsys.readouterr().out
 
 
 def test_without_credentials_it_fails_in_one_line(tmp_path: Path) -> None:

@@ -86,7 +86,8 @@ def cli_bootstrap_version(template: Path = CLI_BOOTSTRAP_TEMPLATE) -> int | None
 
 def bootstrap(account: Account) -> list[Result]:
     """The version the template's CheckBootstrapVersion rule reads from SSM."""
-    fix = f"npx cdk bootstrap aws://{account.account_id}/{account.region}"
+    # make bootstrap runs the pinned CLI in the settings' account and region (tools/preflight/target.py).
+    fix = f"make bootstrap SETTINGS=<your settings file> (cdk bootstrap aws://{account.account_id}/{account.region})"
     parameter = f"/cdk-bootstrap/{catalog.CDK_BOOTSTRAP_QUALIFIER}/version"
     try:
         value = account.client("ssm").get_parameter(Name=parameter)["Parameter"]["Value"]
