@@ -22,6 +22,8 @@ NODES = 2
 # `ray start --redis-password=$REDIS_PASSWORD` unquoted under bash, where punctuation such as '*' or '$'
 # would be expanded: letters and digits only.
 AUTH_TOKEN_LENGTH = 64
+# One-minute periods without a primary before the no-primary alarm pages: longer than a Multi-AZ failover.
+NO_PRIMARY_EVALUATION_PERIODS = 3
 
 
 def replication_group_id(cluster_name: str) -> str:
@@ -125,10 +127,23 @@ class GcsStore(Construct):
 
     def no_primary_alarm(self) -> cloudwatch.Alarm:
         """An alarm when no node of the store is a primary: the head's GCS cannot write, and a head lost meanwhile
-        would lose the replicas as without fault tolerance. Its action is the caller's (the alarm topic)."""
+        would lose the replicas as without fault tolerance. Its action is the caller's (the alarm topic), taken both
+        when a node reports no primary and when the store falls silent.
+
+        - The sum of the nodes' `IsMaster`, no FILL: a node that reports nothing counts 0 beside one that reports,
+          and with neither reporting there is no data point. FILL would put a value in every minute of the query,
+          the ones before the store existed included (CloudWatch's metric math guide), so a filled 0 paged on the
+          first deploy (the store takes 10-15 minutes to create) and a filled 1 would never notice a silent store.
+        - Missing data is `missing`: a new alarm starts in INSUFFICIENT_DATA, and that first state runs no action
+          (actions run on a change of state), so no one is paged while the store comes up or on the update that
+          first adds it. A store that reported and then fell silent moves the alarm from OK to INSUFFICIENT_DATA,
+          which pages as ALARM does.
+        - Three one-minute periods: a Multi-AZ failover leaves the store without a primary for about a minute.
+        - Created after the store and so deleted before it: `cdk destroy` pages no one either.
+        """
         members = [f"{replication_group_id(self._cluster_name)}-{n:03d}" for n in range(1, NODES + 1)]
         primaries = cloudwatch.MathExpression(
-            expression=" + ".join(f"FILL(m{n}, 0)" for n in range(len(members))),
+            expression=" + ".join(f"m{n}" for n in range(len(members))),
             using_metrics={
                 f"m{n}": cloudwatch.Metric(
                     namespace="AWS/ElastiCache",
@@ -142,13 +157,27 @@ class GcsStore(Construct):
             label="nodes that are a primary",
             period=Duration.minutes(1),
         )
-        return cloudwatch.Alarm(
+        alarm = _PagesWhenSilentToo(
             self,
             "NoPrimary",
-            alarm_description="The Ray GCS store has no primary: the head's GCS cannot write (docs/operations.md)",
+            alarm_description=(
+                "The Ray GCS store has no primary, or has stopped reporting: the head's GCS cannot write "
+                "(docs/operations.md)"
+            ),
             metric=primaries,
             threshold=1,
             comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
-            evaluation_periods=3,
-            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+            evaluation_periods=NO_PRIMARY_EVALUATION_PERIODS,
+            treat_missing_data=cloudwatch.TreatMissingData.MISSING,
         )
+        alarm.node.add_dependency(self.replication_group)
+        return alarm
+
+
+class _PagesWhenSilentToo(cloudwatch.Alarm):
+    """An alarm whose ALARM actions also run on INSUFFICIENT_DATA: whoever it pages when the store has no primary
+    it pages when the store stops reporting."""
+
+    def add_alarm_action(self, *actions: cloudwatch.IAlarmAction) -> None:
+        super().add_alarm_action(*actions)
+        self.add_insufficient_data_action(*actions)

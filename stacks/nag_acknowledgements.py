@@ -116,6 +116,50 @@ OPTIONAL_ACKNOWLEDGEMENTS: dict[str, dict[str, str]] = {
 }
 
 
+# checkov's findings on constructs that exist only when a setting turns them on, skipped in the resource's own
+# template metadata (checkov reads `Metadata.checkov.skip`) with the reason beside them. The defaults carry none:
+# there checkov fails only aws-cdk's kubectl-provider Lambdas (tests/test_deploy_day.py), as it does on every
+# variant (tests/test_checkov_variants.py).
+CHECKOV_SKIPS: dict[str, dict[str, str]] = {
+    # Only with image_pull_through_cache_prefix (cdk_constructs/image_cache.py).
+    "ImageCache/Repository": {
+        "CKV_AWS_51": (
+            "A pull-through cache repository mirrors the public registry's tags: ECR re-syncs a tag the upstream "
+            "moves, which immutable tags would refuse; the nodes run the tag or digest the settings name"
+        ),
+        "CKV_AWS_136": (
+            "It holds a public image only, which ECR encrypts at rest with AES-256; a KMS key would protect nothing "
+            "secret and every node role would need kms:Decrypt on it"
+        ),
+        "CKV_AWS_163": (
+            "The image is AWS's published Deep Learning Container, scanned and patched by its publisher; ECR imports "
+            "it on a pull, not a push, and scanning it again is the account's registry-wide scanning setting"
+        ),
+    },
+    # Only with internal_endpoint_cidrs (cdk_constructs/private_endpoint.py).
+    "PrivateEndpoint/Policy": {
+        "CKV_AWS_111": _LBC_REASON.format(version=AWS_LOAD_BALANCER_CONTROLLER.version),
+    },
+}
+
+
+def skip_checkov_findings(stack: cdk.Stack) -> int:
+    """Write each present construct's checkov skips, with their reasons, into its resource's metadata; returns how
+    many."""
+    count = 0
+    for path, checks in CHECKOV_SKIPS.items():
+        scope: IConstruct | None = stack
+        for part in path.split("/"):
+            scope = scope.node.try_find_child(part) if scope is not None else None
+        if scope is None:
+            continue
+        resource = scope.node.default_child
+        assert isinstance(resource, cdk.CfnResource), path
+        resource.add_metadata("checkov", {"skip": [{"id": check, "comment": why} for check, why in checks.items()]})
+        count += len(checks)
+    return count
+
+
 def acknowledge(scope: IConstruct, rule: str, reason: str, pack: str = PACK) -> None:
     cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=f"{pack}::{rule}", reason=reason))
 
@@ -169,6 +213,7 @@ def acknowledge_findings(stack: cdk.Stack) -> int:
         for rule, reason in rules.items():
             acknowledge(scope, rule, reason)
             count += 1
+    skip_checkov_findings(stack)
     handler_role = stack.node.find_child("Eks").node.find_child("Cluster").node.find_child("KubectlProvider")
     acknowledge(
         handler_role.node.find_child("Handler").node.find_child("ServiceRole"),

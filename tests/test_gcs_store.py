@@ -111,9 +111,10 @@ def test_no_primary_pages_the_alarm_topic(template: dict[str, Any]) -> None:
     assert members == ["pd-inference-gcs-001", "pd-inference-gcs-002"]
     assert {m["MetricStat"]["Metric"]["MetricName"] for m in props["Metrics"] if "MetricStat" in m} == {"IsMaster"}
     assert props["ComparisonOperator"] == "LessThanThreshold" and props["Threshold"] == 1
-    assert props["TreatMissingData"] == "breaching"
+    # Its behaviour, run as CloudWatch evaluates it, is tests/test_gcs_store_alarm.py.
+    assert props["TreatMissingData"] == "missing"
     topic = _logical_id(template, "AWS::SNS::Topic")
-    assert props["AlarmActions"] == [{"Ref": topic}]
+    assert props["AlarmActions"] == props["InsufficientDataActions"] == [{"Ref": topic}]
 
 
 # --- The token: generated, by reference, never a value ---------------------------------------------------------

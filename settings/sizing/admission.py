@@ -115,6 +115,24 @@ def ingress_prestop_seconds(s: Settings) -> int:
     return nlb_deregistration_delay(s) + NLB_DEREGISTRATION_PROPAGATION_S + NLB_DEREGISTRATION_ALLOWANCE_S
 
 
+# The preStop ends early once the pod holds no open connection on the Serve port, checked this often, and
+# only after this many checks in a row find none (an NLB health check's connection lasts a moment).
+INGRESS_PRESTOP_POLL_S = 5
+INGRESS_PRESTOP_QUIET_POLLS = 2
+
+
+def ingress_prestop_min_seconds(s: Settings) -> int:
+    """The least an ingress pod behind the NLB waits, open connections or not: until the NLB can open no new
+    connection to its deregistering target."""
+    del s  # the same for every setting; a function so that its callers read it from one home
+    return NLB_DEREGISTRATION_PROPAGATION_S + NLB_DEREGISTRATION_ALLOWANCE_S
+
+
+def ingress_prestop_idle_seconds(s: Settings) -> int:
+    """How long the preStop of an ingress pod that holds no connection lasts (a `cdk destroy` without clients)."""
+    return ingress_prestop_min_seconds(s) + INGRESS_PRESTOP_QUIET_POLLS * INGRESS_PRESTOP_POLL_S
+
+
 def ingress_termination_grace_seconds(s: Settings) -> int:
     """The ingress pod's terminationGracePeriodSeconds: the kubelet counts the preStop inside it and
     kills the pod 2 s past it, so it covers the preStop and then Ray's own stop."""

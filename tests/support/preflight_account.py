@@ -155,11 +155,29 @@ def running(*types: tuple[str, int]) -> Answer:
     )
 
 
+AMI_IMAGE = "ami-0123456789abcdef0"
+
+
+def ssm_parameters(published: tuple[str, ...] = ("us-east-1",), bootstrap: str = "33") -> Answer:
+    """GetParameter: CDK's bootstrap version, and the public parameter of every EKS optimized AMI release in these
+    regions (any release: tests/test_preflight_gpu_ami.py names the one it publishes)."""
+
+    def answer(params: dict[str, Any], region: str) -> dict[str, Any]:
+        name = params["Name"]
+        if name.startswith("/aws/service/eks/optimized-ami/"):
+            if region not in published:
+                return client_error("ParameterNotFound", "", 400)
+            return {"Parameter": {"Name": name, "Value": AMI_IMAGE}}
+        return {"Parameter": {"Name": name, "Value": bootstrap}}
+
+    return answer
+
+
 def account(**changes: Answer) -> dict[tuple[str, str], Answer]:
     """An account where every check passes; `changes` maps 'service:Operation' to another answer."""
     answers: dict[tuple[str, str], Answer] = {
         ("sts", "GetCallerIdentity"): {"Account": ACCOUNT, "Arn": CALLER, "UserId": "AROAEXAMPLEID1234567:alice"},
-        ("ssm", "GetParameter"): {"Parameter": {"Name": "/cdk-bootstrap/hnb659fds/version", "Value": "33"}},
+        ("ssm", "GetParameter"): ssm_parameters(),
         ("cloudformation", "DescribeStacks"): client_error(
             "ValidationError", "Stack with id PdInference does not exist"
         ),

@@ -26,6 +26,7 @@ from tools.preflight.account import (
 from tools.preflight.arns import setting_arns
 from tools.preflight.base import Account, Result, Session, guarded
 from tools.preflight.capacity import capacity_reservation, efa, vcpu_quotas
+from tools.preflight.gpu_ami import gpu_ami_release
 from tools.preflight.network import existing_vpc, vpc_room
 from tools.preflight.registry import image_cache
 from tools.preflight.secrets import endpoint_keys_secret, token_secret
@@ -35,6 +36,7 @@ CHECKS: tuple[tuple[str, Callable[[Account], list[Result]]], ...] = (
     ("CDK bootstrap", bootstrap),
     ("deployed stack", deployed_stack),
     ("Kubernetes version", kubernetes_version),
+    ("GPU AMI release", gpu_ami_release),
     ("EFA", efa),
     ("capacity reservation", capacity_reservation),
     ("existing VPC", existing_vpc),
