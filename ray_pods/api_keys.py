@@ -19,6 +19,11 @@ swaps a Secret volume's files atomically), so a rotation needs no restart. Keys
 are compared in constant time and never logged: each request's log line names
 the key id, or for a refused key the first 8 hex digits of its SHA-256.
 
+What a client may not send, keys on or off, and what it is told of an error, is client_input.py's:
+the body fields only the server sets between its engines (a 400), and the header ``x-pd-prefill``, which
+overrides the prefill route on decode (ray_pods/selective_pd.py): a 403 unless the caller's key id is in
+``prefill_header_keys`` (the setting pd_prefill_header_keys; with keys off nobody may send it).
+
 Chats and completions end at the product's request timeout, and a client that hangs up stops its
 generation, whatever headers it sent Serve's proxy (stream_guard.py). These hold with keys or
 without: the serve config names this class whether keys are on or not, and without ``keys_file``
@@ -53,8 +58,10 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     TranscriptionRequest,
 )
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
+from ray_pods.client_input import answered, engine_only_field
+from ray_pods.client_input import openai_error as _error
 from ray_pods.stream_guard import RecordingHandle, generate
 
 # Serve writes this logger to the replica's own log file.
@@ -62,12 +69,8 @@ logger = logging.getLogger("ray.serve")
 
 MIN_KEY_LENGTH = 16
 WINDOW_S = 60.0
-
-
-def _error(status: int, message: str, error_type: str, code: str, headers: dict[str, str] | None = None) -> Response:
-    """An error in OpenAI's own shape, which every OpenAI client parses."""
-    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
-    return JSONResponse(status_code=status, content=body, headers=headers)
+# Decode's per-request override of the prefill route (ray_pods/selective_pd.py ROUTE_HEADER; a test holds them equal).
+PREFILL_ROUTE_HEADER = "x-pd-prefill"
 
 
 def fingerprint(presented: str) -> str:
@@ -187,6 +190,8 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
             headers (ray_pods/stream_guard.py).
         requests_per_minute: per key and per ingress replica; 0 (default) for no limit. Only with
             keys_file (it is counted per key).
+        prefill_header_keys: the key ids whose requests may send ``x-pd-prefill`` (setting
+            pd_prefill_header_keys); every other request with it is refused. Only with keys_file.
         code_digest: the digest of this package as the stack shipped it; unused
             here, it makes a code change a serve config change.
     """
@@ -199,12 +204,16 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
         keys_file: str | None = None,
         request_timeout_s: float,
         requests_per_minute: int = 0,
+        prefill_header_keys: list[str] | None = None,
         code_digest: str = "",
         **kwargs: Any,
     ) -> None:
         if keys_file is None and requests_per_minute:
             raise ValueError("requests_per_minute needs keys_file: the limit is counted per key")
+        if keys_file is None and prefill_header_keys:
+            raise ValueError("prefill_header_keys needs keys_file: the header is allowed per key")
         super().__init__(llm_deployments, model_cards, **kwargs)
+        self._header_keys = frozenset(prefill_header_keys or ())
         self._keys = None if keys_file is None else KeyFile(keys_file)
         self._limit = RateLimit(requests_per_minute)
         self._timeout_s = request_timeout_s
@@ -215,20 +224,38 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
         logger.info("API key check on (code %s from %s, %s requests/min per key)", code_digest, __file__, limit)
 
     def _refusal(self, request: Request) -> Response | None:
-        """None to admit the request; else the response that refuses it. Logs who called (with keys)."""
+        """None to admit the request; else the response that refuses it: a key (with keys), then the route
+        header (only from the keys allowed it)."""
+        key_id, refusal = self._caller(request)
+        if refusal is None and PREFILL_ROUTE_HEADER in request.headers and key_id not in self._header_keys:
+            logger.info(
+                "refused %s %s: %s from key id %s", request.method, request.url.path, PREFILL_ROUTE_HEADER, key_id
+            )
+            return _error(
+                403,
+                f"This key may not send the {PREFILL_ROUTE_HEADER} header.",
+                "invalid_request_error",
+                "header_not_allowed",
+                param=PREFILL_ROUTE_HEADER,
+            )
+        return refusal
+
+    def _caller(self, request: Request) -> tuple[str | None, Response | None]:
+        """(the caller's key id, None) to admit the request (no key id with keys off); else (None, the refusal).
+        Logs who called (with keys)."""
         if self._keys is None:
-            return None
+            return None, None
         self._keys.refresh()
         where = f"{request.method} {request.url.path}"
         if not self._keys.usable:
             logger.warning("refused %s: no usable API keys", where)
-            return _error(503, "The server's API keys are unavailable.", "server_error", "keys_unavailable")
+            return None, _error(503, "The server's API keys are unavailable.", "server_error", "keys_unavailable")
         presented = bearer_key(request)
         key_id = None if presented is None else self._keys.identify(presented)
         if key_id is None:
             why = "no key" if presented is None else f"unknown key {fingerprint(presented)}"
             logger.info("refused %s: %s", where, why)
-            return _error(
+            return None, _error(
                 401,
                 "Missing or invalid API key. Send it as 'Authorization: Bearer <key>'.",
                 "invalid_request_error",
@@ -238,7 +265,7 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
         wait = self._limit.retry_after(key_id)
         if wait:
             logger.info("rate-limited %s: key id %s", where, key_id)
-            return _error(
+            return None, _error(
                 429,
                 f"Rate limit of {self._limit.per_minute} requests per minute reached for this key.",
                 "requests",
@@ -246,7 +273,7 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
                 headers={"Retry-After": str(wait)},
             )
         logger.info("admitted %s: key id %s", where, key_id)
-        return None
+        return key_id, None
 
     async def _admitted_body(self, request: Request, model: Any) -> tuple[Any, Response | None]:
         """(body, None) for an admitted, well-formed request; (None, the refusal) otherwise.
@@ -274,6 +301,16 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
             where = ".".join(str(part) for part in errors[0]["loc"]) if errors else "body"
             message = f"Invalid request: {errors[0]['msg'] if errors else 'not a valid request'} at {where or 'body'}"
             return None, _error(400, message, "invalid_request_error", "invalid_parameter")
+        field = engine_only_field(body)
+        if field is not None:
+            logger.info("refused %s %s: it sets %s", request.method, request.url.path, field)
+            return None, _error(
+                400,
+                f"Invalid request: {field} is set by the server, not by a client.",
+                "invalid_request_error",
+                "invalid_parameter",
+                param=field,
+            )
         return body, await self._unknown_model(getattr(body, "model", None))
 
     def _get_configured_serve_handle(self, model_id: str) -> RecordingHandle:
@@ -292,38 +329,38 @@ class ApiKeyIngress(OpenAiIngress):  # type: ignore[misc]
     # Request and parse their body after the key check; the model listings add the
     # Request to Ray's parameters; transcriptions keep FastAPI's form parsing.
     async def models(self, request: Request) -> ModelList | Response:
-        return self._refusal(request) or await super().models()
+        return self._refusal(request) or await answered(super().models())
 
     async def model_data(self, model: str, request: Request) -> ModelCard | Response:
-        return self._refusal(request) or await super().model_data(model)
+        return self._refusal(request) or await answered(super().model_data(model))
 
     async def completions(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, CompletionRequest)
-        return refusal or await generate(request, self._timeout_s, super().completions(body, request), _error)
+        return refusal or await generate(request, self._timeout_s, answered(super().completions(body, request)), _error)
 
     async def chat(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, ChatCompletionRequest)
-        return refusal or await generate(request, self._timeout_s, super().chat(body, request), _error)
+        return refusal or await generate(request, self._timeout_s, answered(super().chat(body, request)), _error)
 
     async def embeddings(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, EmbeddingRequest)
-        return refusal or await super().embeddings(body, request)
+        return refusal or await answered(super().embeddings(body, request))
 
     async def transcriptions(self, body: Annotated[TranscriptionRequest, Form()], request: Request) -> Response:
         refusal = self._refusal(request) or await self._unknown_model(body.model)
-        return refusal or await super().transcriptions(body, request)
+        return refusal or await answered(super().transcriptions(body, request))
 
     async def score(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, ScoreRequest)
-        return refusal or await super().score(body, request)
+        return refusal or await answered(super().score(body, request))
 
     async def tokenize(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, TokenizeCompletionRequest)
-        return refusal or await super().tokenize(body, request)
+        return refusal or await answered(super().tokenize(body, request))
 
     async def detokenize(self, request: Request) -> Response:
         body, refusal = await self._admitted_body(request, DetokenizeRequest)
-        return refusal or await super().detokenize(body, request)
+        return refusal or await answered(super().detokenize(body, request))
 
 
 @functools.cache

@@ -9,9 +9,12 @@ are split"). `SelectivePDDecodeServer` counts the prompt's tokens as the engine 
 renderer (vLLM's chat or completion serving), the model's tokenizer and chat template. Not through Ray's
 `LLMServer.tokenize`: Ray 2.58 looks for vLLM's tokenize route under a name vLLM 0.26 no longer sets
 (`openai_serving_tokenization`; vLLM names it `serving_tokenization`) and answers that the model cannot
-tokenize. At or below the threshold it runs the request whole on decode's engine through `LLMServer`'s own
-path: decode's engine is `kv_both`, and a request without `kv_transfer_params` is an ordinary local request to
-vLLM's NixlConnector. Above it, or at a threshold of 0, Ray's own `_pd_handle_request` runs unchanged.
+tokenize. A prompt the renderer refuses (longer than max_model_len, a bad template or tool) gets the error
+Ray's own path makes of it (VLLMEngine._make_error_response: vLLM's status, a 400 for a validation error), not
+the 500 an uncaught exception makes. At or below the threshold it runs the request whole on decode's engine
+through `LLMServer`'s own path: decode's engine is `kv_both`, and a request without `kv_transfer_params` (the
+ingress refuses a client's) is an ordinary local request to vLLM's NixlConnector. Above it, or at a threshold
+of 0, Ray's own `_pd_handle_request` runs unchanged.
 
 It counts the whole prompt, not the part decode has not cached: vLLM looks a prompt up in its prefix cache
 only when its scheduler admits it, and exposes no lookup before that, so the count is an upper bound and a
@@ -19,11 +22,14 @@ cached long prompt is still split.
 
 The threshold is the deployment's `user_config` (`reconfigure`), which Serve changes in place: it is not in
 Serve's code version, so a new threshold restarts no engine. A request's `x-pd-prefill` header (`split` or
-`local`) overrides it, for debugging and for `verify`.
+`local`) overrides it, for debugging and for `verify`; the product's ingress (api_keys.py) lets it through only
+from the API keys the setting pd_prefill_header_keys names, and refuses it from everyone else.
 
 `build_pd_openai_app` is Ray's own builder with this class where Ray's builder names `PDDecodeServer`: Ray's
 builder takes no decode class. tests/test_selective_pd.py compares what it builds with what Ray's builder
-builds on the same config, so that a change in Ray's builder fails there.
+builds on the same config, so that a change in Ray's builder fails there. Decode with data parallelism above 1
+is refused: Ray's builder then names DPPDDecodeServer, which this swap does not replace, so the threshold would
+be lost without a word (and Serve refuses a user_config on a class without `reconfigure`).
 """
 
 # No `from __future__ import annotations`: Serve and pydantic may read these signatures at run time.
@@ -35,9 +41,12 @@ from typing import Any
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     CompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
 )
 from ray.llm._internal.serve.core.protocol import RawRequestInfo
 from ray.llm._internal.serve.core.server.llm_server import LLMServer
+from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as ray_pd_builder
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
 from ray.serve.deployment import Application
@@ -74,6 +83,14 @@ def given_token_count(request: ChatCompletionRequest | CompletionRequest) -> int
     return None
 
 
+class RenderRefusedError(Exception):
+    """The engine's renderer refused the request: its answer, in OpenAI's shape, for the client."""
+
+    def __init__(self, response: ErrorResponse) -> None:
+        super().__init__(response.error.message)
+        self.response = response
+
+
 def renders_one_prompt(request: ChatCompletionRequest | CompletionRequest) -> bool:
     """A chat, or a completion of one text prompt: one prompt the engine renders."""
     return isinstance(request, ChatCompletionRequest) or isinstance(getattr(request, "prompt", None), str)
@@ -104,8 +121,9 @@ class SelectivePDDecodeServer(PDDecodeServer):  # type: ignore[misc]  # Ray ship
 
     async def _count_prompt_tokens(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
         """The prompt's tokens as the engine renders them, by the engine's own renderer (vLLM's chat or completion
-        serving, as its create_chat_completion renders a request). None for several prompts in one completion, or
-        where the engine cannot render it: the request then goes Ray's way, and the engine answers its error there."""
+        serving, as its create_chat_completion renders a request). None for several prompts in one completion: the
+        request then goes Ray's way. Raises RenderRefusedError with the engine's own answer where the renderer
+        refuses the request with a client error (a 4xx); anything else (a dead engine) propagates, as on Ray's path."""
         given = given_token_count(request)
         if given is not None or not renders_one_prompt(request):
             return given
@@ -113,10 +131,21 @@ class SelectivePDDecodeServer(PDDecodeServer):  # type: ignore[misc]  # Ray ship
         serving = self.engine._oai_serving_chat if chat else self.engine._oai_serving_completion
         # A copy: rendering may rewrite a request's tool calls, and the request goes on to the engine.
         copied = request.model_copy(deep=True)
-        rendered = await (serving.render_chat_request(copied) if chat else serving.render_completion_request(copied))
+        try:
+            rendered = await (
+                serving.render_chat_request(copied) if chat else serving.render_completion_request(copied)
+            )
+        except Exception as err:
+            # Ray's own mapping of what vLLM raises (VLLMValidationError, a template's error: 400).
+            answer = VLLMEngine._make_error_response(serving, err)
+            if not 400 <= int(answer.error.code) < 500:
+                raise
+            raise RenderRefusedError(answer) from err
+        if hasattr(rendered, "error"):  # vLLM's ErrorResponse: the model check refused it
+            raise RenderRefusedError(ErrorResponse(error=ErrorInfo(**rendered.error.model_dump())))
         inputs = rendered[1] if isinstance(rendered, tuple) else rendered
         if not isinstance(inputs, list) or len(inputs) != 1:
-            logger.warning("could not count the prompt's tokens, so the request is split: %s", rendered)
+            logger.warning("could not count the prompt's tokens, so the request is split: %s", type(rendered))
             return None
         return int(serving._extract_prompt_len(inputs[0]))
 
@@ -129,7 +158,13 @@ class SelectivePDDecodeServer(PDDecodeServer):  # type: ignore[misc]  # Ray ship
         counted_in_s = 0.0
         if header not in ROUTES and threshold > 0:
             started = time.perf_counter()
-            tokens = await self._count_prompt_tokens(request)
+            try:
+                tokens = await self._count_prompt_tokens(request)
+            except RenderRefusedError as refused:
+                error = refused.response.error
+                logger.info("request refused by the renderer: HTTP %s: %s", error.code, error.message[:200])
+                yield refused.response
+                return
             counted_in_s = time.perf_counter() - started
         route, reason = choose_route(header, threshold, tokens)
         self._count_request(route, reason)
@@ -150,6 +185,13 @@ class SelectivePDDecodeServer(PDDecodeServer):  # type: ignore[misc]  # Ray ship
 
 def build_pd_openai_app(pd_serving_args: dict[str, Any]) -> Application:
     """Ray's `build_pd_openai_app`, with `SelectivePDDecodeServer` where it names `PDDecodeServer`."""
+    decode = ray_pd_builder.PDServingArgs.model_validate(pd_serving_args).decode_config
+    dp_size = int(decode.engine_kwargs.get("data_parallel_size", 1))
+    if dp_size > 1:
+        raise ValueError(
+            f"decode's data_parallel_size is {dp_size}: Ray's builder then runs DPPDDecodeServer, which has no local "
+            f"prefill threshold ({THRESHOLD_KEY}); run decode with data_parallel_size 1"
+        )
     rays = ray_pd_builder.PDDecodeServer
     ray_pd_builder.PDDecodeServer = SelectivePDDecodeServer
     try:

@@ -30,8 +30,12 @@ SCALING_SETTINGS = {
     "decode_max_replicas": "2",
     "decode_target_ongoing_requests": "8",
 }
+# The pd case's phases that choose the prefill route with x-pd-prefill (the selective phase and its mix) send the
+# key in force after the key phase's rotation: team-b (rehearsal/keys.py). Only that key may; the bad-requests
+# phase adds one that may not. (verify's chat needs no header at the case's threshold of 0.)
+PREFILL_HEADER_KEYS = {"pd_prefill_header_keys": "team-b"}
 CASE_SETTINGS: dict[str, dict[str, str]] = {
-    "pd": {**SERVING_SETTINGS},
+    "pd": {**SERVING_SETTINGS, **PREFILL_HEADER_KEYS},
     "aggregated": {"serving_mode": "aggregated", **SERVING_SETTINGS},
     "scaling": SCALING_SETTINGS,
     # The product's defaults (GCS fault tolerance on), sized as the serving cases are; no keys.

@@ -104,9 +104,11 @@ def _counters() -> Counters:
     return settled(_read)
 
 
-def _with_threshold(ctx: Context, threshold: int) -> dict[str, Any]:
-    """The running config with decode's user_config as the product synthesizes it for this threshold."""
-    synthesized = cpu_serve_config(product_rayservice({LOCAL_PREFILL_KEY: str(threshold)}), ctx.model_dir)
+def with_threshold(ctx: Context, threshold: int | None) -> dict[str, Any]:
+    """The running config with decode's user_config as the product synthesizes it for this threshold (None: the
+    product's default)."""
+    overrides = {} if threshold is None else {LOCAL_PREFILL_KEY: str(threshold)}
+    synthesized = cpu_serve_config(product_rayservice(overrides), ctx.model_dir)
     decode = deployment_name_of(ctx.model_id, "decode")
     user_config = options_of(synthesized["applications"][0], decode)["user_config"]
     config = copy.deepcopy(ctx.config)
@@ -116,7 +118,7 @@ def _with_threshold(ctx: Context, threshold: int) -> dict[str, Any]:
     return config
 
 
-def _apply(ctx: Context, config: dict[str, Any]) -> tuple[float | None, dict[str, dict[str, str]]]:
+def apply_config(ctx: Context, config: dict[str, Any]) -> tuple[float | None, dict[str, dict[str, str]]]:
     """PUT the config as KubeRay does; seconds until Serve has the app RUNNING with it, and the replicas then."""
     http(f"{ctx.dashboard}/api/serve/applications/", config, method="PUT", timeout=60, headers=ctx.headers)
     began = time.monotonic()
@@ -201,7 +203,7 @@ def selective_check(ctx: Context) -> list[Any]:
     if ctx.aggregated:
         return []
     before = _replicas(ctx)
-    applied_s, after = _apply(ctx, _with_threshold(ctx, THRESHOLD))
+    applied_s, after = apply_config(ctx, with_threshold(ctx, THRESHOLD))
     mix_start = _counters()
     routes_at_start = _routes(metrics_text(DECODE_METRICS))
     # Short and long prompts at one concurrency first: the quiet reading after it is the next requests' baseline.
@@ -227,7 +229,7 @@ def selective_check(ctx: Context) -> list[Any]:
     again = poll(_read, lambda now: now.prefill_hits > first.prefill_hits and now.decode_hits > first.decode_hits)
     wanted = {("local", "short prompt"): 1.0, ("local", "header"): 1.0, ("split", "long prompt"): 2.0}
     added = _added(routes_before, _routes_grown(routes_before, wanted))
-    restored_s, restored = _apply(ctx, ctx.config)
+    restored_s, restored = apply_config(ctx, ctx.config)
     # Counted one or two at a time, and in the mix's selective blocks with three others in flight.
     alone = [groups for line, groups in _logged(ctx).items() if line not in under_load]
     tokens = {reason: count for _, reason, count, _ in alone}

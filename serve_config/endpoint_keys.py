@@ -87,6 +87,8 @@ def ingress_cls_config(settings: Settings) -> dict[str, Any]:
             "keys_file": f"{API_KEYS_MOUNT}/{API_KEYS_FILE_KEY}",
             "request_timeout_s": timeout,
             "requests_per_minute": settings.endpoint_rate_limit_rpm,
+            # The key ids that may choose decode's prefill route (x-pd-prefill); the ingress refuses it from others.
+            "prefill_header_keys": list(settings.pd_prefill_header_keys),
             "code_digest": ray_pods_digest(),
         },
     }

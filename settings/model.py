@@ -168,6 +168,9 @@ class Settings:
     endpoint_api_keys_refresh_seconds: int = 60
     # Requests per minute for each key, counted per ingress replica; 0: no limit.
     endpoint_rate_limit_rpm: int = 0
+    # The key ids (of that secret) whose requests may send `x-pd-prefill` to choose decode's prefill route;
+    # the ingress refuses the header from every other caller (docs/security.md). Empty: nobody.
+    pd_prefill_header_keys: tuple[str, ...] = ()
     # An ACM certificate for a TLS listener on 443 on the internal NLB (which then has no plain listener).
     endpoint_tls_certificate_arn: str | None = None
 

@@ -7,6 +7,7 @@ deployment's handle answered here; the rehearsal runs it with real engines.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -132,9 +133,19 @@ def test_the_serve_config_names_the_key_ingress_with_the_mounted_file(mode: str)
             "keys_file": "/etc/pd-inference/api-keys/keys.json",
             "request_timeout_s": 900,
             "requests_per_minute": 120,
+            "prefill_header_keys": [],
             "code_digest": endpoint_keys.ray_pods_digest(),
         },
     }
+
+
+def test_the_keys_allowed_the_route_header_reach_the_ingress_and_only_with_keys_in_pd_mode() -> None:
+    args = _app_args(synth(**KEYS, pd_prefill_header_keys="ops,verify"))
+    assert args["ingress_cls_config"]["ingress_extra_kwargs"]["prefill_header_keys"] == ["ops", "verify"]
+    for overrides in ({}, {**KEYS, "serving_mode": "aggregated"}):
+        with pytest.raises(SettingsError) as raised:
+            settings_from({**PROJECT_CONTEXT, **overrides, "pd_prefill_header_keys": "ops"})
+        assert raised.value.key == "pd_prefill_header_keys" and "\n" not in str(raised.value)
 
 
 def test_external_secrets_syncs_the_keys_with_the_interval_setting() -> None:
@@ -315,6 +326,9 @@ class FakeModelHandle:
     def __init__(self) -> None:
         self.calls = 0
         self.cancelled = 0
+        self.sent: list[tuple[Any, ...]] = []
+        # What the model's call raises instead of answering (a replica's death reaches the ingress this way).
+        self.raises: Exception | None = None
 
     def options(self, **_: Any) -> FakeModelHandle:
         return self
@@ -323,8 +337,9 @@ class FakeModelHandle:
         handle = self
 
         class Remote:
-            def remote(self, *_: Any) -> FakeCall:
+            def remote(self, *args: Any) -> FakeCall:
                 handle.calls += 1
+                handle.sent.append(args)
                 return FakeCall(handle)
 
         return Remote()
@@ -332,6 +347,8 @@ class FakeModelHandle:
     async def _answer(self) -> AsyncIterator[Any]:
         from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 
+        if self.raises is not None:
+            raise self.raises
         yield ErrorResponse(error=ErrorInfo(message="the model answered", type="test", code=418))
 
 
@@ -773,3 +790,132 @@ def test_no_first_token_within_the_request_timeout_is_an_openai_408_and_the_call
         assert response.status_code == 408, response.text
         assert response.json()["error"]["code"] == "request_timeout"
     assert handle.cancelled == 2
+
+
+# --- What a client may not send, keys on or off ----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params"),
+        ({"kv_transfer_params": {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": 1}}, None),
+        ({"kv_transfer_params": {}}, "kv_transfer_params"),
+        ({"ec_transfer_params": {"x": 1}}, "ec_transfer_params"),
+        ({"vllm_xargs": {"kv_transfer_params": "x"}}, "vllm_xargs.kv_transfer_params"),
+    ],
+    ids=["remote-decode", "remote-prefill", "empty", "ec", "xargs"],
+)
+def test_a_clients_kv_transfer_params_is_an_openai_400_and_reaches_no_model(
+    any_ingress: SimpleNamespace, fields: dict[str, Any], param: str | None
+) -> None:
+    """On decode's local path vLLM would act on them: pin blocks for a remote reader, or pull from the address
+    named. Refused at the ingress, keys on and off, chat and completion."""
+    for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", {"model": MODEL, "prompt": "hi"})):
+        response = any_ingress.client.post(path, json={**body, **fields}, headers=any_ingress.auth)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == (param or "kv_transfer_params")
+    assert any_ingress.handle.calls == 0
+    # null is what every client sends when it does not set it.
+    response = any_ingress.client.post(
+        "/v1/chat/completions", json={**CHAT, "kv_transfer_params": None}, headers=any_ingress.auth
+    )
+    assert response.status_code == 418, response.text
+
+
+ALLOWED, NOT_ALLOWED = "ops-key-" + "c" * 24, "team-key-" + "d" * 24
+
+
+@pytest.fixture
+def header_ingress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """The product's ingress with two keys, one of them allowed the route header."""
+    require_serve_deps()
+    from ray_pods.api_keys import ApiKeyIngress  # imports ray: make test-fast runs without it
+
+    keys_file = write_like_the_kubelet(tmp_path / "api-keys", {"ops": ALLOWED, "team": NOT_ALLOWED}, 1)
+    with _serving(
+        ApiKeyIngress, monkeypatch, keys_file=str(keys_file), request_timeout_s=600, prefill_header_keys=["ops"]
+    ) as served:
+        yield served
+
+
+def test_the_route_header_is_a_403_unless_the_key_is_allowed_it(header_ingress: SimpleNamespace) -> None:
+    from ray_pods.api_keys import PREFILL_ROUTE_HEADER  # imports ray: make test-fast runs without it
+
+    route = {PREFILL_ROUTE_HEADER: "local"}
+    response = header_ingress.client.post("/v1/chat/completions", json=CHAT, headers={**_auth(NOT_ALLOWED), **route})
+    assert response.status_code == 403 and response.json()["error"]["code"] == "header_not_allowed", response.text
+    assert header_ingress.handle.calls == 0
+    # The same key without the header, and the allowed key with it, reach the model; the header goes on to decode.
+    for headers in (_auth(NOT_ALLOWED), {**_auth(ALLOWED), **route}):
+        assert header_ingress.client.post("/v1/chat/completions", json=CHAT, headers=headers).status_code == 418
+    assert [args[1].headers.get(PREFILL_ROUTE_HEADER) for args in header_ingress.handle.sent] == [None, "local"]
+
+
+def test_without_keys_nobody_may_send_the_route_header(open_ingress: SimpleNamespace) -> None:
+    from ray_pods.api_keys import PREFILL_ROUTE_HEADER  # imports ray: make test-fast runs without it
+
+    for value in ("local", "split", "anything"):
+        response = open_ingress.client.post("/v1/chat/completions", json=CHAT, headers={PREFILL_ROUTE_HEADER: value})
+        assert response.status_code == 403, response.text
+    assert open_ingress.handle.calls == 0
+
+
+def test_the_header_the_ingress_gates_is_the_one_decode_reads() -> None:
+    require_serve_deps()
+    from ray_pods.api_keys import PREFILL_ROUTE_HEADER  # imports ray: make test-fast runs without it
+    from ray_pods.selective_pd import ROUTE_HEADER  # imports ray: make test-fast runs without it
+
+    assert PREFILL_ROUTE_HEADER == ROUTE_HEADER
+
+
+def test_the_ingress_refuses_allowed_header_keys_without_keys() -> None:
+    require_serve_deps()
+    from ray_pods.api_keys import ApiKeyIngress  # imports ray: make test-fast runs without it
+
+    with pytest.raises(ValueError, match="prefill_header_keys needs keys_file"):
+        ApiKeyIngress({}, {}, request_timeout_s=60, prefill_header_keys=["ops"])
+
+
+INTERNAL = "ray::ServeReplica:llm:Decode:Qwen--Qwen3-8B.chat() (pid=4242, ip=10.1.2.3, actor_id=abcdef0123456789)"
+
+
+def test_an_exception_from_the_model_reaches_the_client_without_the_replicas_actor_pid_or_ip(
+    any_ingress: SimpleNamespace,
+) -> None:
+    """Ray's own answer to an exception carries its text (get_response_for_error: 'original exception')."""
+    any_ingress.handle.raises = RuntimeError(INTERNAL)
+    for stream in (False, True):
+        response = any_ingress.client.post(
+            "/v1/chat/completions", json={**CHAT, "stream": stream}, headers=any_ingress.auth
+        )
+        assert response.status_code == 500, response.text
+        assert response.json()["error"]["code"] == "internal_error"
+        for detail in ("pid=", "10.1.2.3", "actor_id", "ServeReplica"):
+            assert detail not in response.text
+    assert any("10.1.2.3" in line for line in any_ingress.records), "the replica's log keeps the detail"
+
+
+def test_a_models_client_error_reaches_the_client_with_its_own_message_only(any_ingress: SimpleNamespace) -> None:
+    response = any_ingress.client.post("/v1/chat/completions", json=CHAT, headers=any_ingress.auth)
+    assert response.status_code == 418
+    assert response.json()["error"]["message"] == "the model answered"
+
+
+def test_serves_queue_bound_refusal_is_left_to_serves_handler_with_its_retry_after() -> None:
+    """Serve adds handlers for these to the ingress app (replica.py, service_unavailable_exceptions): a 503 with
+    Retry-After (backpressure_retry_after_seconds). Made a 500 here, a client would retry at once."""
+    require_serve_deps()
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+    from ray_pods.client_input import answered  # imports ray: make test-fast runs without it
+
+    for err in (
+        BackPressureError(num_queued_requests=9, max_queued_requests=8, retry_after_s=10),
+        DeploymentUnavailableError("x"),
+    ):
+
+        async def refused(err: Exception = err) -> None:
+            raise err
+
+        with pytest.raises(type(err)):
+            asyncio.run(answered(refused()))

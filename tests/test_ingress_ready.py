@@ -16,6 +16,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from ray_pods import ingress_ready
 from ray_pods.ingress_ready import OWN_HEAD_ENV, PROXY_HEALTH_ENV, SERVING_DASHBOARD_ENV
 from serve_config import SERVE_PORT
 from serve_config.endpoint_keys import RAY_PODS_CONFIGMAP, RAY_PODS_PACKAGE, RAY_PODS_PYTHONPATH
@@ -42,6 +44,7 @@ class Dashboard:
     session: str
     token: str | None = None
     up: bool = True
+    refuses: int | None = None  # a status it answers every call with, as Ray's token middleware refuses
 
 
 _VERSION_RESPONSE: list[Any] = []
@@ -90,6 +93,8 @@ def _dashboard_answer(dashboard: Dashboard) -> Any:
     def answer(path: str, authorization: str) -> tuple[int, bytes]:
         if not dashboard.up:
             return 503, b""
+        if dashboard.refuses is not None:
+            return dashboard.refuses, b"Forbidden: Invalid authentication token"
         if dashboard.token is not None:
             if not authorization:
                 return 401, b"Unauthorized: Missing authentication token"
@@ -193,6 +198,64 @@ def test_a_head_that_does_not_answer_keeps_the_last_verdict(tmp_path: Path) -> N
         assert new_pod.probe(hosts, "green-token").returncode == 1
         green.up = False
         assert new_pod.probe(hosts, "green-token").returncode == 1, "its last verdict was not-serving"
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_serving_head_that_refuses_ends_a_served_pods_readiness_whatever_its_last_verdict(
+    tmp_path: Path, status: int
+) -> None:
+    """After a blue/green switch the head Service points at green, whose token blue's pods do not hold: its 401 or
+    403 is an answer (this pod is not the serving cluster), not a missing one, so blue's ingress leaves the
+    endpoint even though its last verdict was serving."""
+    blue = Dashboard("session_blue", token="blue-token")
+    serving = Dashboard("session_blue", token="blue-token")
+    pod = Pod(own=blue, serving=serving, tmp=tmp_path)
+    with running(pod) as hosts:
+        assert pod.probe(hosts, "blue-token").returncode == 0
+        # The switch: the head Service now reaches green, which refuses blue's token with this status.
+        serving.refuses = status
+        refused = pod.probe(hosts, "blue-token")
+        assert refused.returncode == 1, refused.stdout
+        assert "keeping the last verdict" not in refused.stdout
+
+
+def test_three_calls_that_each_answer_just_before_their_timeout_stay_within_the_probes_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe makes up to three calls (the proxy, its own head, the serving head), each bounded by the module's
+    timeout; the kubelet kills the probe at timeoutSeconds and counts a failure. Each server here answers just
+    before that timeout, the serving head not at all."""
+    delay = ingress_ready.TIMEOUT_S * 0.9
+    blue = Dashboard("session_blue", token="blue-token")
+    pod = Pod(own=blue, serving=blue, tmp=tmp_path)
+    (tmp_path / ingress_ready.STATE_FILE).write_text(ingress_ready.SERVING)
+    slow = _dashboard_answer(blue)
+
+    def answer_late(path: str, authorization: str) -> tuple[int, bytes]:
+        time.sleep(delay)
+        status, body = slow(path, authorization)
+        return int(status), bytes(body)
+
+    def proxy_late(path: str, authorization: str) -> tuple[int, bytes]:
+        time.sleep(delay)
+        return 200, b"success"
+
+    def never(path: str, authorization: str) -> tuple[int, bytes]:
+        time.sleep(sizing.INGRESS_READINESS_TIMEOUT_S * 2)
+        return 503, b""
+
+    base = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}"
+    hosts = {"own": f"{base}.1", "serving": f"{base}.2", "proxy": f"{base}.3"}
+    with (
+        _serve(hosts["own"], DASHBOARD_PORT, answer_late),
+        _serve(hosts["serving"], DASHBOARD_PORT, never),
+        _serve(hosts["proxy"], SERVE_PORT, proxy_late),
+    ):
+        started = time.monotonic()
+        result = pod.probe(hosts, "blue-token")
+        elapsed = time.monotonic() - started
+    assert "keeping the last verdict" in result.stdout, result.stdout + result.stderr
+    assert elapsed < sizing.INGRESS_READINESS_TIMEOUT_S, f"{elapsed:.1f} s"
 
 
 def test_the_ingress_container_runs_the_shipped_probe_with_the_serving_dashboard() -> None:

@@ -27,6 +27,7 @@ CANDIDATES: dict[str, list[Any]] = {
     "kubernetes_version": ["1.36", "1.35", "1.32", "1.31", "1.30", "2.0"],
     "endpoint_access": ["public_and_private", "private", "public"],
     "public_access_cidrs": ["", "203.0.113.0/24", "0.0.0.0/0", "nope"],
+    "pd_prefill_header_keys": ["", "ops", "ops,verify", "[broken"],
     "cluster_admin_arns": ["", "arn:aws:iam::123456789012:role/admin", "nope", "[broken", '["arn:aws:iam::1:role/x"]'],
     "system_instance_type": ["m7i.xlarge", "g6.8xlarge", "t2.micro"],
     "system_nodes_min": [0, 1, 2, 5, -1],

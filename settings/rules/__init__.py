@@ -25,6 +25,7 @@ from settings.rules.serving import (
     check_memory_fit,
     check_model,
     check_names_and_secrets,
+    check_prefill_header_keys,
     check_scaling_bounds,
 )
 
@@ -50,6 +51,7 @@ def validate(s: Settings, given: Collection[str] | None = None) -> Settings:
     check_names_and_secrets(s)
     check_internal_endpoint(s)
     check_endpoint_keys(s)
+    check_prefill_header_keys(s)
     check_observability(s)
     check_backpressure(s)
     check_arn_placement(s)

@@ -278,3 +278,16 @@ def check_backpressure(s: Settings) -> None:
         f"{span('ray_worker_idle_timeout_seconds')} seconds "
         "(how long an idle Ray worker pod is kept before Ray's autoscaler removes it)",
     )
+
+
+def check_prefill_header_keys(s: Settings) -> None:
+    """pd_prefill_header_keys: key ids, only where there are keys and a prefill route to choose."""
+    if not s.pd_prefill_header_keys:
+        return
+    require(
+        s.endpoint_api_keys_secret_name is not None and s.serving_mode != "aggregated",
+        "pd_prefill_header_keys",
+        ",".join(s.pd_prefill_header_keys),
+        "empty unless endpoint_api_keys_secret_name is set and serving_mode is disaggregated (the header is "
+        "allowed per key id, and only decode's prefill route reads it)",
+    )

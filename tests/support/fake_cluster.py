@@ -42,7 +42,7 @@ class FakeCluster:
     # What the chat request does: a KV transfer on decode, prompt tokens on prefill.
     chat_transfers: int = 1
     chat_prompt_tokens: int = 180
-    # A chat without the x-pd-prefill header (verify's short prompt): its prompt tokens as the engine counted them,
+    # verify's short prompt (without the x-pd-prefill header): its prompt tokens as the engine counted them,
     # and what it moved: none, where decode prefilled it itself.
     short_tokens: int = 12
     short_transfers: int = 0
@@ -136,7 +136,9 @@ class FakeCluster:
         if url.endswith("/v1/models"):
             return {"data": [{"id": "Qwen/Qwen3-8B"}]}
         answer = {"choices": [{"message": {"content": "Prefill is compute-bound; decode is memory-bound."}}]}
-        if PREFILL_ROUTE_HEADER not in (kw.get("headers") or {}):
+        # The product's route: the header, else the prompt's length (verify's short prompt prefills on decode).
+        prompt = ((body or {}).get("messages") or [{}])[0].get("content")
+        if PREFILL_ROUTE_HEADER not in (kw.get("headers") or {}) and prompt == verify.SHORT_PROMPT:
             self.events.append((self.now, self.short_transfers, self.short_tokens if self.short_transfers else 0))
             return {**answer, "usage": {"prompt_tokens": self.short_tokens}}
         self.events.append((self.now, self.chat_transfers, self.chat_prompt_tokens))
