@@ -8,15 +8,17 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from rehearsal import deploy
 from rehearsal.cluster import ray_logs
 from rehearsal.context import Context
 from rehearsal.deploy import kuberay_headers
 from rehearsal.network import DASHBOARD, DECODE_METRICS, PREFILL_METRICS, SERVE, http, metrics_text, status_of
+from settings.catalog import THINKING_OFF
 from settings.project import ROOT
 from tools import bench as tools_bench
 from tools import bench_results
 from tools.checks import Check, nixl_log_findings
-from tools.cluster_access import PROMPT_TOKENS, EngineSnapshot, NixlSnapshot, http_json, metric_total
+from tools.cluster_access import PROMPT_TOKENS, EngineSnapshot, NixlSnapshot, http_json, http_status, metric_total
 from tools.polling import grew, poll, poll_until_grown, settled
 from tools.verify import chat_check, guard
 from tools.verify_judgement import (
@@ -117,7 +119,7 @@ def verify_checks(ctx: Context) -> list[Any]:
         node_metrics = {"node A": metrics_text(PREFILL_METRICS), "node B": metrics_text(DECODE_METRICS)}
         checks.append(no_nixl_check(node_metrics, {"Ray and engine logs": ray_logs(ctx.temp_dir)}))
         ctx.metrics.update(prompt_tokens_before=tokens_before, prompt_tokens_after=all_prompt_tokens())
-        return checks
+        return checks + reasoning_checks(ctx)
 
     before = decode_counters()
     # Decode's pre-warm already went through prefill: wait for Ray to export that, so that only
@@ -138,7 +140,62 @@ def verify_checks(ctx: Context) -> list[Any]:
     ]
     ctx.log_lines.extend(sorted(set(lines))[:12])
     ctx.metrics.update(transfers_before=before.transfers, transfers_after=after.transfers, failed=after.failed)
-    return checks
+    # After verify's own counters are read: these requests take the KV path too, as every request in this case does.
+    return checks + reasoning_checks(ctx)
+
+
+# The tiny model thinks as Qwen3 does (rehearsal/make_model.py: Qwen3's template branch, its think tokens), but its
+# random weights never close the think block: by default every token it writes is thinking.
+REASONING_MAX_TOKENS = 8
+REASONING_PROMPT = "Hello"
+
+
+def reasoning_checks(ctx: Context) -> list[Check]:
+    """The model's reasoning parser on every engine, through the product's ingress (and decode, in P/D mode): by
+    default the text lands in `reasoning`; with thinking off (chat_template_kwargs, or reasoning_effort none, which
+    vLLM 0.26 maps to it) in `content`; a chat template sent with a request is refused."""
+    parsers = {side: llm["engine_kwargs"].get("reasoning_parser") for side, llm in deploy.llm_configs(ctx.config)}
+    parser = next(iter(parsers.values())) if len(set(parsers.values())) == 1 else None
+    found = [Check("reasoning parser on every engine", parser is not None, f"engine_kwargs.reasoning_parser {parsers}")]
+    if parser is None:
+        return found
+    url = f"{ctx.serve}/v1/chat/completions"
+
+    def chat(**fields: Any) -> dict[str, Any]:
+        body = {
+            "model": ctx.model_id,
+            "messages": [{"role": "user", "content": REASONING_PROMPT}],
+            "max_tokens": REASONING_MAX_TOKENS,
+            "temperature": 0,
+            **fields,
+        }
+        message: dict[str, Any] = http_json(url, body, timeout=120, api_key=ctx.api_key)["choices"][0]["message"]
+        return message
+
+    def lands(name: str, field: str, other: str, message: dict[str, Any]) -> Check:
+        ok = bool(message.get(field)) and not message.get(other)
+        shown = {key: message.get(key) for key in ("content", "reasoning")}
+        return Check(f"reasoning: {name}", ok, f"expected text in {field} only: {json.dumps(shown)[:200]}")
+
+    off = dict(THINKING_OFF[parser])
+    found.append(guard("reasoning: by default", lambda: lands("by default", "reasoning", "content", chat())))
+    found.append(
+        guard(
+            "reasoning: chat_template_kwargs thinking off",
+            lambda: lands("chat_template_kwargs thinking off", "content", "reasoning", chat(chat_template_kwargs=off)),
+        )
+    )
+    found.append(
+        guard(
+            "reasoning: reasoning_effort none",
+            lambda: lands("reasoning_effort none", "content", "reasoning", chat(reasoning_effort="none")),
+        )
+    )
+    template = {"chat_template": "{{ 'injected' }}"}
+    body = {"model": ctx.model_id, "messages": [{"role": "user", "content": REASONING_PROMPT}], "max_tokens": 1}
+    status = http_status(url, {**body, "chat_template_kwargs": template}, timeout=120, api_key=ctx.api_key)
+    found.append(Check("reasoning: a request's own chat template is refused", status == 400, f"HTTP {status}"))
+    return found
 
 
 def bench(ctx: Context) -> list[Any]:

@@ -33,9 +33,22 @@ CONFIG: dict[str, Any] = {
 }
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL = [END_OF_TEXT, IM_START, IM_END]
+# Qwen3's think tokens: added tokens, not special ones, as in Qwen3's tokenizer (ids 151667 and 151668 there).
+# vLLM's qwen3 reasoning parser looks them up in the vocabulary.
+THINK_START, THINK_END = "<think>", "</think>"
+THINK = [THINK_START, THINK_END]
+# ChatML turns, then Qwen3's own generation prompt, verbatim from the chat_template of Qwen/Qwen3-8B's
+# tokenizer_config.json (https://huggingface.co/Qwen/Qwen3-8B/blob/main/tokenizer_config.json): thinking unless the
+# request's chat_template_kwargs sets enable_thinking false, which closes an empty think block in the prompt.
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% endfor %}"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
+    "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
 )
 
 
@@ -45,21 +58,22 @@ def corpus() -> list[str]:
     return [line for f in files for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def make(out: Path) -> Path:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+def make_tokenizer() -> Any:
+    """The tiny model's tokenizer (a transformers PreTrainedTokenizerFast), its chat template set."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=CONFIG["vocab_size"],
+        # Room for the think tokens, added after training: every id stays inside the model's vocab_size.
+        vocab_size=CONFIG["vocab_size"] - len(THINK),
         special_tokens=SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in THINK])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=IM_END,
@@ -67,6 +81,15 @@ def make(out: Path) -> Path:
         bos_token=None,
     )
     fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make(out: Path) -> Path:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    fast = make_tokenizer()
     fast.save_pretrained(out)
 
     torch.manual_seed(0)

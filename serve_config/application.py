@@ -48,6 +48,12 @@ def llm_config(settings: Settings, side: str) -> dict[str, Any]:
     engine = config["engine_kwargs"]
     engine["max_model_len"] = settings.max_model_len
     engine["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    if settings.model.reasoning_parser:
+        # Ray 2.58 hands an AsyncEngineArgs field to the engine (vllm_models.py from_llm_config) and vLLM's chat
+        # serving reads it from there (api_server.py init_app_state): a thinking model's thinking comes back in
+        # `reasoning`, not as a <think> block in `content`. The parser changes no prompt (vLLM applies it after the
+        # template), so the sides still render the same one; prefill's one-token answer is discarded.
+        engine["reasoning_parser"] = settings.model.reasoning_parser
     kv = engine["kv_transfer_config"]
     kv["engine_id"] = data["sides"][side]["engine_id"]
     kv["kv_buffer_device"] = kv_buffer_device(settings)

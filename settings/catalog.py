@@ -47,9 +47,9 @@ class HelmChartPin:
     namespace: str
 
 
-# The tests render each pinned chart (../shared/charts, or fetched by
-# tools/dev/fetch_schemas.py) with the values the stack sets, through the helm of
-# the kubectl layer.
+# The tests render each pinned chart, the archive its repository below publishes (tools/dev/
+# fetch_schemas.py fetches it and checks it against the sha256 digest of the repository's
+# index.yaml), with the values the stack sets, through the helm of the kubectl layer.
 KUBERAY_OPERATOR = HelmChartPin(
     chart="kuberay-operator",
     repository="https://ray-project.github.io/kuberay-helm/",
@@ -87,9 +87,9 @@ def kuberay_crd_urls(version: str) -> list[str]:
 
 
 # Installed only when a setting asks for it.
-# External Secrets Operator chart 2.9.0: the newest release whose archive the
-# offline tests can render (../shared/charts); a chart the tests cannot render
-# is not pinned.
+# External Secrets Operator chart 2.9.0 (https://charts.external-secrets.io/index.yaml): the
+# newest release whose archive the offline tests render; a chart the tests cannot render is
+# not pinned.
 EXTERNAL_SECRETS = HelmChartPin(
     chart="external-secrets",
     repository="https://charts.external-secrets.io",
@@ -108,7 +108,8 @@ AWS_LOAD_BALANCER_CONTROLLER = HelmChartPin(
 )
 # Installed only when the GPU group's maximum exceeds its minimum (docs/operations.md, "Cluster Autoscaler").
 # Chart 9.59.0 (appVersion 1.35.0) is packaged from kubernetes/autoscaler's tag
-# cluster-autoscaler-chart-9.59.0 (../shared/charts); the image tag is set per Kubernetes minor below.
+# cluster-autoscaler-chart-9.59.0 (https://github.com/kubernetes/autoscaler/tree/cluster-autoscaler-chart-9.59.0/charts/cluster-autoscaler);
+# the image tag is set per Kubernetes minor below.
 CLUSTER_AUTOSCALER = HelmChartPin(
     chart="cluster-autoscaler",
     repository="https://kubernetes.github.io/autoscaler",
@@ -352,22 +353,33 @@ class ModelSpec:
     hidden_size: int
     intermediate_size: int
     vocab_size: int
+    # vLLM's reasoning parser for the model, set as engine_kwargs.reasoning_parser on every
+    # engine: a thinking model's thinking then comes back in the message's `reasoning`
+    # field, its answer in `content`. None: the model does not think.
+    reasoning_parser: str | None = None
 
 
 # From each model's config.json on its Hugging Face model card
 # (num_hidden_layers, num_key_value_heads, head_dim, torch_dtype,
 # max_position_embeddings, hidden_size, intermediate_size, vocab_size) and the
-# parameter count the card states.
+# parameter count the card states. The reasoning parser: vLLM 0.26's table of
+# reasoning models (https://docs.vllm.ai/en/v0.26.0/features/reasoning_outputs/,
+# "Qwen3 series: qwen3"; the names vllm/reasoning/__init__.py registers); the
+# other models here are not in it. Qwen3 thinks unless a request's
+# chat_template_kwargs sets enable_thinking false (THINKING_OFF).
 MODELS: Mapping[str, ModelSpec] = MappingProxyType(
     {
         "Qwen/Qwen3-8B": ModelSpec(
-            8.19, 36, 8, 128, 2, False, 40960, hidden_size=4096, intermediate_size=12288, vocab_size=151936
+            8.19, 36, 8, 128, 2, False, 40960, hidden_size=4096, intermediate_size=12288, vocab_size=151936,
+            reasoning_parser="qwen3",
         ),
         "Qwen/Qwen3-4B": ModelSpec(
-            4.02, 36, 8, 128, 2, False, 40960, hidden_size=2560, intermediate_size=9728, vocab_size=151936
+            4.02, 36, 8, 128, 2, False, 40960, hidden_size=2560, intermediate_size=9728, vocab_size=151936,
+            reasoning_parser="qwen3",
         ),
         "Qwen/Qwen3-14B": ModelSpec(
-            14.8, 40, 8, 128, 2, False, 40960, hidden_size=5120, intermediate_size=17408, vocab_size=151936
+            14.8, 40, 8, 128, 2, False, 40960, hidden_size=5120, intermediate_size=17408, vocab_size=151936,
+            reasoning_parser="qwen3",
         ),
         "Qwen/Qwen2.5-7B-Instruct": ModelSpec(
             7.62, 28, 4, 128, 2, False, 32768, hidden_size=3584, intermediate_size=18944, vocab_size=152064
@@ -387,8 +399,14 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
             70.6, 80, 8, 128, 2, True, 131072, hidden_size=8192, intermediate_size=28672, vocab_size=128256
         ),
     }
-)
+)  # fmt: skip
 DEFAULT_MODEL_ID = "Qwen/Qwen3-8B"
+# What a request's chat_template_kwargs holds to turn a reasoning parser's thinking off, by parser: the
+# model's chat template then closes an empty think block in the prompt, and vLLM's parser starts in
+# the answer (vLLM 0.26 vllm/parser/qwen3.py, Qwen3Parser reads enable_thinking, default true).
+THINKING_OFF: Mapping[str, Mapping[str, object]] = MappingProxyType(
+    {"qwen3": MappingProxyType({"enable_thinking": False})}
+)
 
 
 # --- Regions -------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 from aws_cdk import CfnOutput, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 
 import serve_config
-from settings import Settings
+from settings import Settings, catalog
 from settings.estimates import PRICE_SOURCE, cost_summary
 
 
@@ -45,6 +47,9 @@ def usage_outputs(stack: Stack, *, settings: Settings, cluster: eks.Cluster, gpu
         ),
     )
     keyed = settings.endpoint_api_keys_secret_name is not None
+    # A thinking model's answer would otherwise be cut inside its reasoning at 64 tokens.
+    off = catalog.THINKING_OFF.get(settings.model.reasoning_parser or "")
+    thinking_off = f', "chat_template_kwargs": {json.dumps(dict(off))}' if off else ""
     CfnOutput(
         stack,
         "ChatCompletionExample",
@@ -52,7 +57,7 @@ def usage_outputs(stack: Stack, *, settings: Settings, cluster: eks.Cluster, gpu
             f"curl -s http://localhost:{port}/v1/chat/completions -H 'Content-Type: application/json' "
             + ('-H "Authorization: Bearer $OPENAI_API_KEY" ' if keyed else "")
             + f'-d \'{{"model": "{settings.model_id}", "messages": [{{"role": "user", '
-            f'"content": "Hello"}}], "max_tokens": 64}}\''
+            f'"content": "Hello"}}], "max_tokens": 64{thinking_off}}}\''
         ),
         description="One chat completion through the port-forward"
         + (f" (OPENAI_API_KEY: a key from the secret {settings.endpoint_api_keys_secret_name})" if keyed else ""),

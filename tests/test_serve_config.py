@@ -464,3 +464,65 @@ def test_vllm_accepts_the_aggregated_engine_kwargs() -> None:
     (config,) = doc["applications"][0]["args"]["llm_configs"]
     args = AsyncEngineArgs(model=config["model_loading_config"]["model_source"], **config["engine_kwargs"])
     assert args.kv_transfer_config is None
+
+
+# --- A thinking model's reasoning parser, on every engine --------------------------------------------------
+
+
+def test_a_thinking_models_parser_is_on_both_sides_and_in_aggregated_mode(rayservice: dict[str, Any]) -> None:
+    args = _args(rayservice)
+    parser = Settings().model.reasoning_parser
+    assert parser == "qwen3"
+    for side in ("prefill", "decode"):
+        assert args[f"{side}_config"]["engine_kwargs"]["reasoning_parser"] == parser
+    (config,) = yaml.safe_load(rayservice_from(synth(**AGGREGATED))["spec"]["serveConfigV2"])["applications"][0][
+        "args"
+    ]["llm_configs"]
+    assert config["engine_kwargs"]["reasoning_parser"] == parser
+
+
+def test_a_model_that_does_not_think_gets_no_reasoning_parser() -> None:
+    settings = Settings(model_id="Qwen/Qwen2.5-7B-Instruct")
+    assert settings.model.reasoning_parser is None
+    for side in ("prefill", "decode"):
+        assert "reasoning_parser" not in application.llm_config(settings, side)["engine_kwargs"]
+
+
+def test_no_engine_trusts_a_chat_template_sent_with_a_request(rayservice: dict[str, Any]) -> None:
+    """vLLM refuses a request's chat_template (or chat_template_kwargs.chat_template) unless this is set: a client's
+    chat_template_kwargs then only toggles the model's own template (enable_thinking)."""
+    for side in ("prefill", "decode"):
+        assert "trust_request_chat_template" not in _args(rayservice)[f"{side}_config"]["engine_kwargs"]
+
+
+@serve
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_ray_hands_the_reasoning_parser_to_vllms_engine(rayservice: dict[str, Any], side: str) -> None:
+    """Ray 2.58 splits engine_kwargs into vLLM's engine and frontend arguments (unknown keys fail); vLLM's chat
+    serving takes the parser from the engine's (api_server.py init_app_state, structured_outputs_config)."""
+    require_serve_deps()
+    from ray.llm._internal.serve.engines.vllm.vllm_models import VLLMEngineConfig
+    from ray.serve.llm import LLMConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import FrontendArgs
+
+    llm = LLMConfig.model_validate(copy.deepcopy(_args(rayservice)[f"{side}_config"]))
+    engine = VLLMEngineConfig.from_llm_config(llm)
+    assert engine.engine_kwargs["reasoning_parser"] == "qwen3"
+    assert "reasoning_parser" not in engine.frontend_kwargs
+    assert FrontendArgs(**engine.frontend_kwargs).trust_request_chat_template is False
+    kwargs = {k: v for k, v in engine.engine_kwargs.items() if k != "kv_transfer_config"}
+    assert AsyncEngineArgs(model="m", **kwargs).reasoning_parser == "qwen3"
+
+
+@serve
+def test_every_catalog_parser_is_one_vllm_registers() -> None:
+    require_serve_deps()
+    from vllm.reasoning import ReasoningParserManager
+
+    from settings import catalog
+
+    parsers = {spec.reasoning_parser for spec in catalog.MODELS.values()} - {None}
+    assert parsers and set(catalog.THINKING_OFF) <= parsers
+    for name in parsers:
+        assert ReasoningParserManager.get_reasoning_parser(name)

@@ -57,6 +57,7 @@ from tools.in_pod import image_probe
 from tools.polling import grew, poll, poll_until_grown, settled
 from tools.verify_judgement import (
     PREWARM_SKIPPED,
+    answer_check,
     image_checks,
     local_prefill_check,
     metrics_check,
@@ -195,7 +196,11 @@ def run_checks(
             "GET /v1/models",
             lambda: models_check(http_json(f"{base}/v1/models", api_key=key), settings.model_id),
         )
-        chat = guard("POST /v1/chat/completions", lambda: chat_check(base, settings.model_id, api_key=key))
+        words, header = split_request(settings)
+        chat = guard(
+            "POST /v1/chat/completions",
+            lambda: chat_check(base, settings.model_id, api_key=key, prompt_words=words, route_header=header),
+        )
         refused = [guard("a request without a key is refused", lambda: auth_check(base, settings.model_id))]
     checks += [models, chat, *(refused if keys_on else [])]
     if aggregated:
@@ -226,18 +231,40 @@ def run_checks(
     return checks
 
 
-def chat_check(base: str, model_id: str, api_key: str | None = None) -> Check:
+CHAT_MAX_TOKENS = 32
+# Room for the chat template around the prompt's words, in tokens.
+TEMPLATE_TOKENS = 64
+
+
+def split_request(settings: Settings) -> tuple[int, bool]:
+    """How verify's chat asks for the KV path (docs/architecture.md, "Which requests are split"): (a prompt of at
+    least this many words, 0 for the short one; send the x-pd-prefill header). A prompt past local_prefill_max_tokens
+    (a word is a token at least), which the product splits by its own rule; where none fits under max_model_len, the
+    header, which the endpoint takes only from a key in pd_prefill_header_keys (docs/security.md)."""
+    threshold = sizing.local_prefill_threshold(settings)
+    if threshold == 0:
+        return 0, False
+    words = threshold + 1
+    if words + TEMPLATE_TOKENS + CHAT_MAX_TOKENS <= settings.max_model_len:
+        return words, False
+    return 0, True
+
+
+def chat_check(
+    base: str, model_id: str, api_key: str | None = None, prompt_words: int = 0, route_header: bool = False
+) -> Check:
     prompt = "Explain in two sentences why prefill and decode are split across GPUs. " * 8
+    if prompt_words:
+        prompt = "Read these words, then explain in two sentences why prefill and decode are split: " + " ".join(
+            ["word"] * prompt_words
+        )
     body = http_json(
         f"{base}/v1/chat/completions",
-        {"model": model_id, "messages": [{"role": "user", "content": prompt}], "max_tokens": 32},
+        {"model": model_id, "messages": [{"role": "user", "content": prompt}], "max_tokens": CHAT_MAX_TOKENS},
         api_key=api_key,
-        # verify checks the KV path, so it asks for it whatever local_prefill_max_tokens is (docs/architecture.md,
-        # "Which requests are split"); aggregated mode's ingress passes the header on and nothing reads it.
-        headers={PREFILL_ROUTE_HEADER: "split"},
+        headers={PREFILL_ROUTE_HEADER: "split"} if route_header else None,
     )
-    text = body["choices"][0]["message"]["content"]
-    return Check("POST /v1/chat/completions", bool(text), f"{len(text)} characters back")
+    return answer_check(body)
 
 
 SHORT_PROMPT = "Say hello."

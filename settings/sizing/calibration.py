@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# --- Public numbers the plan is calibrated on (../shared/FACTS.md) -------------------------
+# --- Public numbers the plan is calibrated on, each with its source -------------------------
 # Each calibrated rate is a range: every verdict is worked out at both ends
 # (Calibration.BEST_FOR_SPLIT and WORST_FOR_SPLIT) and the midpoints are printed.
 #
 # vLLM with kv_buffer_device cpu copies KV blocks through pageable host memory,
 # synchronously: GPU to host on prefill, host to GPU on decode (inside
-# get_finished, so every decode on that GPU waits). Such copies run at roughly
-# 5-10 GB/s (an estimate, unmeasured).
+# get_finished, so every decode on that GPU waits): vLLM 0.26's NixlConnector,
+# https://github.com/vllm-project/vllm/tree/v0.26.0/vllm/distributed/kv_transfer/kv_connector/v1/nixl
+# (base_worker.py). Such copies run at roughly 5-10 GB/s (an estimate, unmeasured).
 PAGEABLE_COPY_BYTES_PER_S_RANGE = (5e9, 10e9)
 # NIXL over EFA with GPUDirect on p5 reaches 10-12 GB/s in microbenchmarks but
-# 4-5 GB/s inside vLLM (Anyscale): the effective KV rate is capped there even
-# where the link is faster.
+# 4-5 GB/s inside vLLM, as Anyscale reported it (no public page found to cite;
+# unconfirmed here): the effective KV rate is capped there even where the link is faster.
 NIXL_IN_VLLM_BYTES_PER_S_RANGE = (4e9, 5e9)
 # One TCP flow (UCX falling back to TCP) is limited to 10 Gbps inside a cluster
-# placement group (EC2 user guide, "Amazon EC2 instance network bandwidth").
+# placement group (EC2 user guide, "Amazon EC2 instance network bandwidth",
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth.html).
 SINGLE_FLOW_GBPS_IN_PLACEMENT_GROUP = 10.0
 # Share of peak dense BF16 tensor throughput a prefill reaches on one GPU: 30-50%,
 # around the common planning figure of 40% (an assumption, unmeasured here). A
@@ -28,10 +30,13 @@ PREFILL_MFU_RANGE = (0.30, 0.50)
 # source. The one firm bound is the prefill itself: a transfer that takes longer
 # than the prefill it spares decode is beaten by decode recomputing the prompt.
 # SageMaker HyperPod's guidance: disaggregation pays from 4k-token prompts and
-# 70B-parameter models (with 2+ requests/s and 256+ output tokens); llm-d's: not
-# for 8B models with 200/200-token traffic; Mooncake on A10 (7B, 1k prompts,
+# 70B-parameter models (with 2+ requests/s and 256+ output tokens), "When DPD helps" in
+# https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-model-deployment-dpd.html;
+# llm-d's: not for 8B models with 200/200-token traffic ("P/D Best Practices",
+# https://llm-d.ai/docs/guide/Installation/pd-disaggregation); Mooncake on A10 (7B, 1k prompts,
 # 2 QPS): aggregated TTFT 461 ms vs 1,273 ms split, and aggregated with chunked
-# prefill the best TPOT p99 (136 ms vs 524 ms split).
+# prefill the best TPOT p99 (136 ms vs 524 ms split), Mooncake's "Benchmark performance on NVIDIA A10",
+# https://github.com/kvcache-ai/Mooncake/blob/c9fad6c84305e595e498b46ed69b02b247285062/doc/en/vllm-benchmark-results-v0.1.md
 MIN_PROMPT_TOKENS_THAT_PAY = 4096
 MIN_PARAMETERS_BILLION_THAT_PAY = 70.0
 
