@@ -37,28 +37,55 @@ def listening(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+class TlsRedis:
+    """redis-server on host:port, TLS only, this password; `persistent` keeps its data across a restart in an
+    append-only file written on every command (a failover's new primary holds what the old one had)."""
+
+    def __init__(self, directory: Path, *, host: str, port: int, password: str, persistent: bool = False) -> None:
+        server = shutil.which("redis-server")
+        if server is None:
+            raise StoreError("redis-server is not installed: `.ci/run` installs Debian's")
+        directory.mkdir(parents=True, exist_ok=True)
+        self.host, self.port = host, port
+        self.ca, cert, key = certificates(directory, host)
+        kept = ["--appendonly", "yes", "--appendfsync", "always"] if persistent else ["--appendonly", "no"]
+        self.command = [
+            server, "--port", "0", "--tls-port", str(port), "--bind", host, "--tls-cert-file", str(cert),
+            "--tls-key-file", str(key), "--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "no",
+            "--requirepass", password, "--save", "", *kept, "--dir", str(directory),
+        ]  # fmt: skip
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while not listening(self.host, self.port):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise StoreError(f"redis-server did not listen on {self.host}:{self.port} within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        """Gone at once, as a failed primary is."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+            self.process = None
+
+
 @contextlib.contextmanager
-def tls_redis(directory: Path, *, host: str, port: int, password: str, timeout_s: float = 60.0) -> Iterator[Path]:
+def tls_store(directory: Path, *, host: str, port: int, password: str, persistent: bool = False) -> Iterator[TlsRedis]:
+    """A started TlsRedis, killed at the end."""
+    store = TlsRedis(directory, host=host, port=port, password=password, persistent=persistent)
+    try:
+        store.start()
+        yield store
+    finally:
+        store.kill()
+
+
+@contextlib.contextmanager
+def tls_redis(directory: Path, *, host: str, port: int, password: str) -> Iterator[Path]:
     """redis-server on host:port, TLS only, this password, nothing saved; yields the CA that signed its
     certificate (what a client must trust, as the image trusts ElastiCache's issuer)."""
-    server = shutil.which("redis-server")
-    if server is None:
-        raise StoreError("redis-server is not installed: `.ci/run` installs Debian's")
-    directory.mkdir(parents=True, exist_ok=True)
-    ca, cert, key = certificates(directory, host)
-    process = subprocess.Popen(
-        [server, "--port", "0", "--tls-port", str(port), "--bind", host, "--tls-cert-file", str(cert),
-         "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no",
-         "--requirepass", password, "--save", "", "--appendonly", "no", "--dir", str(directory)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not listening(host, port):
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise StoreError(f"redis-server did not listen on {host}:{port} within {timeout_s:.0f} s")
-            time.sleep(0.2)
-        yield ca
-    finally:
-        process.kill()
-        process.wait(timeout=30)
+    with tls_store(directory, host=host, port=port, password=password) as store:
+        yield store.ca

@@ -6,8 +6,8 @@ on node B. GCS fault tolerance is set up as KubeRay 1.7 sets it up from the RayS
 `gcsFaultToleranceOptions` (common/pod.go, configureRedisFT): the head gets RAY_REDIS_ADDRESS (the stack's
 `rediss://` address, pointed at this run's store), RAY_external_storage_namespace and `--redis-password=$REDIS_PASSWORD`
 under bash; every worker gets RAY_gcs_rpc_server_reconnect_timeout_s=600. The store is Debian's redis-server with
-TLS and a password, in the ElastiCache store's place; the head trusts its CA through OpenSSL's default store, as
-the image trusts ElastiCache's.
+TLS and a password, in the ElastiCache store's place; the head trusts its CA through the file RAY_REDIS_CA_CERT
+names, as the product's head names the image's CA bundle (serve_config/pod_templates.py).
 
 The phase kills every process of the head's node (GCS, raylet, dashboard, Serve's controller), as a lost head pod
 does, waits as KubeRay's restart of the container would, and starts the head again: the new head's controller must
@@ -47,6 +47,7 @@ from rehearsal.network import (
     third_node,
 )
 from serve_config import SERVE_PORT
+from serve_config.pod_templates import REDIS_CA_CERT_ENV
 from tools.checks import Check
 
 CASE = "head-loss"
@@ -86,7 +87,8 @@ def kuberay_head_env(rayservice: dict[str, Any], password: str, ca: Path) -> dic
         "REDIS_PASSWORD": password,
         # KubeRay's default: the RayCluster's UID.
         "RAY_external_storage_namespace": "3f2b8c1e-rehearsal-raycluster-uid",
-        "SSL_CERT_FILE": str(ca),
+        # The head container's own CA variable, at this run's CA where the image's bundle would be.
+        REDIS_CA_CERT_ENV: str(ca),
     }
 
 

@@ -43,6 +43,7 @@ from serve_config.endpoint_keys import (
     mount_ray_pods_code,
     ray_pods_digest,
 )
+from serve_config.ingress_prestop import prestop_script
 from settings import Settings
 from settings.catalog import IMAGE_RAY_VERSION, LOCAL_NVME_MOUNT
 from settings.sizing import (
@@ -50,7 +51,6 @@ from settings.sizing import (
     INGRESS_READINESS_TIMEOUT_S,
     blue_green,
     cluster_deletion_delay_seconds,
-    ingress_prestop_seconds,
     ingress_surge_room,
     ingress_termination_grace_seconds,
 )
@@ -63,6 +63,13 @@ INGRESS_READY_SCRIPT = "ingress_ready.py"
 # hostPath, so a restarted pod finds the weights it downloaded (catalog.LOCAL_NVME_MOUNT).
 MODEL_CACHE_VOLUME = "model-cache"
 MODEL_CACHE_MOUNT = "/model-cache"
+# The serving image's system CA bundle (Ubuntu's ca-certificates), which holds the Amazon roots that sign the GCS
+# store's certificate. Ray's Redis client otherwise trusts BoringSSL's default locations (/etc/ssl/cert.pem, which
+# Ubuntu does not have, and the /etc/ssl/certs directory); verify's image probe checks the file is there
+# (tools/in_pod/image_probe.py, CA_BUNDLES).
+IMAGE_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# The variable gcs_server reads its Redis client's CA file from (RayConfig REDIS_CA_CERT, redis_context.cc).
+REDIS_CA_CERT_ENV = "RAY_REDIS_CA_CERT"
 
 
 def rayservice_data() -> dict[str, Any]:
@@ -171,6 +178,9 @@ def rayservice(
     head["image"] = serving_image(settings)
     if settings.hf_token_secret_name is not None:
         head["env"] = [*head.get("env", []), *token_env(settings)]
+    if settings.gcs_fault_tolerance:
+        # The store's CA named, not left to the TLS library's defaults; KubeRay's cleanup Job copies the head's env.
+        head["env"] = [*head.get("env", []), {"name": REDIS_CA_CERT_ENV, "value": IMAGE_CA_BUNDLE}]
     mount_ray_pods_code(settings, head_pod, head)
 
     reads_s3 = (settings.model_source or "").startswith("s3://")
@@ -326,10 +336,11 @@ def _outlast_nlb_drain(settings: Settings, pod: dict[str, Any], container: dict[
     (settings.sizing.ingress_prestop_seconds). KubeRay 1.7.0 keeps both fields: BuildPod copies the
     group template's pod spec and sets only the Ray container's command, args, environment, probes
     and volumes (ray-operator/controllers/ray/common/pod.go), and no controller sets a lifecycle.
-    The exec `sleep` (coreutils, in any image that has the bash KubeRay runs `ray start` with) needs
-    no feature gate; the kubelet's own sleep action is GA only from Kubernetes 1.34 (beta before).
+    It ends early once no connection is open on the Serve port (serve_config/ingress_prestop.py), so a
+    `cdk destroy` without clients waits only out the NLB's propagation. An exec hook needs no feature gate.
     """
-    container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(ingress_prestop_seconds(settings))]}}}
+    script = prestop_script(settings, SERVE_PORT)
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", script]}}}
     pod["terminationGracePeriodSeconds"] = ingress_termination_grace_seconds(settings)
 
 

@@ -10,8 +10,10 @@ processes are then killed, as when its pod is lost, and the head started again.
 With the store the worker and its actor live on: the same process answers through the new head. Without it
 (KubeRay's default timeout is Ray's 60 s; 20 s here to be quicker: 5 s was too short for a worker joining
 a head slowed by a busy machine) the worker's raylet exits and the actor is
-gone. The server's certificate is signed by a CA of the test's own, which the head trusts through OpenSSL's
-default store (SSL_CERT_FILE), as the image's system store trusts ElastiCache's Amazon-issued certificate.
+gone. The server's certificate is signed by a CA of the test's own, which the head trusts as the product's head
+trusts ElastiCache's Amazon-issued one: through the CA file RAY_REDIS_CA_CERT names (the product names the image's
+system bundle, serve_config/pod_templates.py), with no SSL_CERT_FILE anywhere. Without it the TLS library's default
+locations apply, which hold no test CA, and the head does not start: the variable is what makes it trust the store.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
 
-from rehearsal.gcs_store import listening, tls_redis
+from rehearsal.gcs_store import listening, tls_redis, tls_store
 from serve_config import GCS_STORE_ADDRESS_PLACEHOLDER
-from tests.conftest import require_serve_deps
+from serve_config.pod_templates import IMAGE_CA_BUNDLE, REDIS_CA_CERT_ENV
+from tests.conftest import rayservice_from, require_serve_deps, synth
 
 pytestmark = [pytest.mark.serve, pytest.mark.xdist_group("ray")]
 
@@ -123,6 +127,42 @@ class Cluster:
         )
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:] + self.logs()
 
+    def gcs_said(self, incarnation: int) -> str:
+        """What the GCS of that incarnation of the head wrote."""
+        return "".join(
+            p.read_text(errors="replace") for p in self.temp_dir.glob(f"head{incarnation}/session_*/logs/gcs_server.*")
+        )
+
+    def start_head_as_kuberay(self, incarnation: int) -> subprocess.Popen[str]:
+        """The head as KubeRay's container runs it: `ray start --block`, which ends (and the container with it)
+        when a Ray process of the head exits."""
+        command = (
+            f"{RAY} start --head --block --node-ip-address=127.0.0.1 --port={self.gcs_port} --num-cpus=1 "
+            f"--include-dashboard=false --disable-usage-stats --temp-dir={self.temp_dir}/head{incarnation}"
+            " --redis-password=$REDIS_PASSWORD"
+        )
+        env = {**self.base_env, **self.head_env, NODE_MARK: "head"}
+        # To a file: the GCS's fatal stack traces fill a pipe, and a writer blocked on it never ends.
+        with (self.temp_dir / f"head{incarnation}.out").open("w") as out:
+            head = subprocess.Popen(["bash", "-c", command], env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        _wait(lambda: _listening(self.gcs_port) or head.poll() is not None, "the head's GCS listening")
+        assert head.poll() is None, self.logs()
+        return head
+
+    def head_refused(self) -> str:
+        """The head's start where it must fail: what `ray start` and the GCS's log said."""
+        command = (
+            f"{RAY} start --head --node-ip-address=127.0.0.1 --port={self.gcs_port} --num-cpus=1 "
+            f"--include-dashboard=false --disable-usage-stats --temp-dir={self.temp_dir}/refused"
+            " --redis-password=$REDIS_PASSWORD"
+        )
+        env = {**self.base_env, **self.head_env, NODE_MARK: "head"}
+        started = subprocess.run(
+            ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S
+        )
+        assert started.returncode != 0, "the head started against a store whose CA it was never given"
+        return started.stdout + started.stderr + self.logs()
+
     def start_worker(self, reconnect_timeout_s: int) -> None:
         """A worker node joins, as a RayService worker pod starts. Ray gives a new node 30 s (a constant in
         node.py) to see itself registered; on a busy 2-core machine that once ran out in CI while the head was
@@ -185,7 +225,8 @@ except ValueError:
 
 @contextlib.contextmanager
 def _cluster(tmp_path: Path, head_env: dict[str, str]) -> Iterator[Cluster]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    # Nothing of this machine's own: no Ray settings, and no OpenSSL override of where trusted CAs are.
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SSL_CERT_"))}
     # Ray's sockets live under the temp dir, and a Unix socket's path has at most 107 bytes: pytest's is too long.
     temp_dir = Path(tempfile.mkdtemp(prefix="gcsft-", dir="/tmp"))
     cluster = Cluster(base, head_env, _free_port(), temp_dir)
@@ -210,17 +251,45 @@ def _head_loss(cluster: Cluster, reconnect_timeout_s: int, *, wait_s: float) -> 
     return before, cluster.driver(FIND), survived
 
 
+def _head_container_env(**overrides: Any) -> dict[str, str]:
+    """The plain values the synthesized RayService sets on the head container."""
+    cluster = rayservice_from(synth(**overrides))["spec"]["rayClusterConfig"]
+    env = cluster["headGroupSpec"]["template"]["spec"]["containers"][0].get("env", [])
+    return {e["name"]: e["value"] for e in env if "value" in e}
+
+
+def test_the_head_names_the_images_ca_bundle_for_the_store_where_gcs_fault_tolerance_is_on() -> None:
+    assert _head_container_env()[REDIS_CA_CERT_ENV] == IMAGE_CA_BUNDLE
+    assert REDIS_CA_CERT_ENV not in _head_container_env(gcs_fault_tolerance=False)
+
+
+def _store_env(port: int, ca: Path | None) -> dict[str, str]:
+    """The head's environment under gcsFaultToleranceOptions (KubeRay's variables and the product's CA variable, at
+    this test's store and its CA), or with no CA named."""
+    env = {
+        # The scheme the stack writes (rediss: TLS), at this test's server.
+        "RAY_REDIS_ADDRESS": f"{urlparse(GCS_STORE_ADDRESS_PLACEHOLDER).scheme}://127.0.0.1:{port}",
+        "REDIS_PASSWORD": PASSWORD,
+        "RAY_external_storage_namespace": "0b6c8a52-raycluster-uid",
+    }
+    if ca is not None:
+        # The head container's own variable, pointed at this test's CA where the image's bundle would be.
+        env[REDIS_CA_CERT_ENV] = str(ca)
+    return env
+
+
+def test_the_head_trusts_the_store_through_the_ca_it_names_and_not_without_it(tmp_path: Path) -> None:
+    require_serve_deps()
+    with _redis_with_tls(tmp_path) as (port, _), _cluster(tmp_path, _store_env(port, None)) as cluster:
+        said = cluster.head_refused()
+    # BoringSSL's verdict, in `ray start`'s own check of the store (redis_store_client.cc), as the GCS would meet it.
+    assert "CERTIFICATE_VERIFY_FAILED" in said, said[-3000:]
+
+
 def test_with_the_store_a_lost_head_comes_back_and_the_replica_lives_on(tmp_path: Path) -> None:
     require_serve_deps()
     with _redis_with_tls(tmp_path) as (port, ca):
-        head_env = {
-            # The scheme the stack writes (rediss: TLS), at this test's server.
-            "RAY_REDIS_ADDRESS": f"{urlparse(GCS_STORE_ADDRESS_PLACEHOLDER).scheme}://127.0.0.1:{port}",
-            "REDIS_PASSWORD": PASSWORD,
-            "RAY_external_storage_namespace": "0b6c8a52-raycluster-uid",
-            # OpenSSL's default verify store: Ray's Redis client trusts the system's CAs without RAY_REDIS_CA_CERT.
-            "SSL_CERT_FILE": str(ca),
-        }
+        head_env = _store_env(port, ca)
         with _cluster(tmp_path, head_env) as cluster:
             # Longer than the 20 s a head takes to come back here, as KubeRay's 600 s outlasts a head pod's restart.
             before, after, survived = _head_loss(cluster, reconnect_timeout_s=600, wait_s=10)
@@ -235,3 +304,55 @@ def test_without_the_store_a_lost_head_takes_the_replica(tmp_path: Path) -> None
     assert before.isdigit()
     assert not survived, "the worker's raylet outlived its reconnect timeout without GCS fault tolerance"
     assert after == "gone"
+
+
+def test_verify_fails_an_image_without_the_ca_bundle_the_head_names() -> None:
+    """verify's image probe, run here (this Debian host has the bundle, as the image must), and a probe answer from
+    an image without it."""
+    import json
+
+    from tools.in_pod import image_probe
+    from tools.verify_judgement import image_checks
+
+    assert IMAGE_CA_BUNDLE in image_probe.CA_BUNDLES
+    found = image_probe.probe(s3=False)
+    assert found["ca_bundles"] == [b for b in image_probe.CA_BUNDLES if Path(b).is_file()]
+    assert IMAGE_CA_BUNDLE in found["ca_bundles"]
+    without = {**found, "ca_bundles": ["/etc/pki/tls/certs/ca-bundle.crt"]}
+    rows = image_checks(json.dumps(without), pod="w", s3=False, pins={})
+    assert [(row.name, row.ok) for row in rows if "CA bundle" in row.name] == [("image: CA bundle", False)]
+    assert not any("CA bundle" in row.name for row in image_checks(json.dumps(found), pod="w", s3=False, pins={}))
+
+
+def test_a_store_failover_that_keeps_the_data_ends_the_head_and_its_restart_brings_everything_back(
+    tmp_path: Path,
+) -> None:
+    """A failover of the store (ElastiCache moving its primary endpoint to a replica that holds the data): here the
+    store killed and started again at the same address with its append-only file. Ray 2.58's GCS does not wait for
+    it: once its Redis retries run out, seconds later, it fails ("Failed to run redis cmds") and stops answering,
+    and the head's `ray start --block` ends when its own GCS client gives up (Ray's 60 s on the head). Nothing
+    brings that GCS back: it takes the head's restart (the kubelet's, on EKS), which finds the data, and the worker
+    and its replica carry on as after a lost head (docs/operations.md, "GCS fault tolerance")."""
+    require_serve_deps()
+    port = _free_port()
+    with (
+        tls_store(tmp_path / "store", host="127.0.0.1", port=port, password=PASSWORD, persistent=True) as store,
+        _cluster(tmp_path, _store_env(port, store.ca)) as cluster,
+    ):
+        head = cluster.start_head_as_kuberay(1)
+        cluster.start_worker(600)
+        before = cluster.driver(KEEPER)
+        lost = time.monotonic()
+        store.kill()
+        # Ray's 60 s, and room for a busy machine.
+        _wait(lambda: head.poll() is not None, "the head's `ray start --block` ending after the store went", 180)
+        head_ended_s = time.monotonic() - lost
+        said = cluster.gcs_said(1)
+        store.start()
+        cluster.start_head(2)
+        after = cluster.driver(FIND)
+        survived = _raylet_alive("worker")
+    print(f"store lost: the head's ray start ended after {head_ended_s:.1f} s")
+    assert "Failed to run redis cmds" in said, said[-2000:]
+    assert survived, "the worker's raylet exited while the head was away"
+    assert after == before, f"the replica is not the same process: {before} before, {after} after"

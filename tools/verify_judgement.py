@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from serve_config import EFA_RESOURCE, SIDES
+from serve_config.pod_templates import IMAGE_CA_BUNDLE
 from tools.checks import IMAGE_PINS, Check, nixl_log_findings
 from tools.cluster_access import (
     FAILED_TRANSFERS,
@@ -149,6 +150,13 @@ def image_checks(output: str, *, pod: str, s3: bool, pins: Mapping[str, str] = I
         )
     if s3 and found.get("boto3") != "ok":
         failed.append(Check("image: boto3", False, f"{pod}: boto3 does not import ({found.get('boto3')})"))
+    # Judged where the probe reports it (every probe of this version does): the head names this file as the GCS
+    # store's CA, and Ray stops where it is missing.
+    bundles = found.get("ca_bundles")
+    if bundles is not None and IMAGE_CA_BUNDLE not in bundles:
+        failed.append(
+            Check("image: CA bundle", False, f"{pod}: {IMAGE_CA_BUNDLE} missing (the image has {bundles or 'none'})")
+        )
     if failed:
         return failed
     have = ", ".join(f"{name} {versions[name]}" for name in pins)
@@ -160,7 +168,8 @@ def image_checks(output: str, *, pod: str, s3: bool, pins: Mapping[str, str] = I
         Check(
             "image: pins, LIBFABRIC plugin libraries",
             True,
-            f"{pod}: {have}, plugin resolves{extra}; Run:ai streamer (not used): {', '.join(held)}",
+            f"{pod}: {have}, plugin resolves{extra}{', CA bundle' if bundles else ''}; "
+            f"Run:ai streamer (not used): {', '.join(held)}",
         )
     ]
 
@@ -168,3 +177,17 @@ def image_checks(output: str, *, pod: str, s3: bool, pins: Mapping[str, str] = I
 def models_check(body: dict[str, Any], model_id: str) -> Check:
     ids = [m.get("id") for m in body.get("data", [])]
     return Check("GET /v1/models", model_id in ids, f"models: {ids}")
+
+
+def answer_check(body: dict[str, Any]) -> Check:
+    """A chat completion came back with text: its answer (`content`) or, from a thinking model whose max_tokens ran out
+    while it thought, its thinking (vLLM's `reasoning`, with the model's reasoning parser; `content` is then null)."""
+    message = (body.get("choices") or [{}])[0].get("message") or {}
+    answer, thinking = message.get("content") or "", message.get("reasoning") or ""
+    if answer:
+        detail = f"{len(answer)} characters of answer" + (f", {len(thinking)} of reasoning" if thinking else "")
+    elif thinking:
+        detail = f"{len(thinking)} characters of reasoning, no answer yet (max_tokens)"
+    else:
+        detail = f"no content and no reasoning: {json.dumps(body)[:200]}"
+    return Check("POST /v1/chat/completions", bool(answer or thinking), detail)

