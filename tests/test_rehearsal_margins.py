@@ -3,21 +3,51 @@ seen, every case and timed check reading its limit there, and all of CI inside C
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from rehearsal import burst, disconnects, engine_deaths, margins, node_loss, scaling
 from rehearsal.__main__ import CASES, COMPARE_CAP_S, COMPARE_SEEN_S
 from rehearsal.burst import RefusalTiming
-from rehearsal.margins import CASE_CAPS, MARGIN, TIMED_CHECKS
+from rehearsal.margins import CASE_CAPS, MARGIN, TIMED_CHECKS, Limit
+from tests.conftest import ROOT
 
 LIMITS = [*CASE_CAPS.values(), *TIMED_CHECKS]
 
 
 def test_every_limit_is_at_least_its_margin_over_the_slowest_run_seen() -> None:
     short = [f"{lim.what}: {lim.limit_s:.0f} s < {MARGIN} x {lim.slowest_anywhere_s:.0f} s" for lim in LIMITS
-             if lim.limit_s < MARGIN * lim.slowest_anywhere_s]  # fmt: skip
+             if not lim.within_margin]  # fmt: skip
     assert not short
     assert MARGIN >= 1.5
     assert all(lim.seen for lim in LIMITS)
     assert all(lim.slower_seen for lim in LIMITS if lim.slower_s)
+
+
+def test_a_slower_machines_run_is_covered_by_the_margin_too() -> None:
+    """A limit at 1.5x its run on the machines CI counts, but not at 1.5x a slower machine's run, is short: that
+    machine's CI would fail the case for time."""
+    covers_seen_only = Limit("a case", 100.0, "the counted run", 200.0, 150.0, "a slower machine's run")
+    assert covers_seen_only.slowest_anywhere_s == 150.0
+    assert not covers_seen_only.within_margin
+    assert Limit("a case", 100.0, "the counted run", 225.0, 150.0, "a slower machine's run").within_margin
+    assert Limit("a case", 100.0, "the counted run", 150.0).slowest_anywhere_s == 100.0
+    assert all(lim.slowest_anywhere_s == max(lim.slowest_seen_s, lim.slower_s) for lim in LIMITS)
+
+
+def test_the_budget_is_the_time_ci_gives_a_run() -> None:
+    """Read from the workflow as GitHub reads it: every job's timeout-minutes (one job runs the whole suite)."""
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text(encoding="utf-8"))
+    timeouts = [job["timeout-minutes"] for job in workflow["jobs"].values()]
+    assert len(timeouts) == 1
+    assert timeouts[0] * 60 == margins.CI_BUDGET_S
+
+
+def test_the_budget_follows_the_workflow(tmp_path: Path) -> None:
+    workflow = tmp_path / "ci.yml"
+    workflow.write_text("jobs:\n  test:\n    runs-on: ubuntu-latest\n    timeout-minutes: 75\n")
+    assert margins.ci_time_limit_s(workflow) == 75 * 60
 
 
 def test_every_case_has_its_cap_and_each_timed_check_reads_its_limit() -> None:
