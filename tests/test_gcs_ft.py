@@ -19,6 +19,7 @@ locations apply, which hold no test CA, and the head does not start: the variabl
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -39,6 +40,8 @@ from rehearsal.gcs_store import listening, tls_redis, tls_store
 from serve_config import GCS_STORE_ADDRESS_PLACEHOLDER
 from serve_config.pod_templates import IMAGE_CA_BUNDLE, REDIS_CA_CERT_ENV
 from tests.conftest import rayservice_from, require_serve_deps, synth
+from tools.in_pod import image_probe
+from tools.verify_judgement import image_checks
 
 pytestmark = [pytest.mark.serve, pytest.mark.xdist_group("ray")]
 
@@ -309,11 +312,6 @@ def test_without_the_store_a_lost_head_takes_the_replica(tmp_path: Path) -> None
 def test_verify_fails_an_image_without_the_ca_bundle_the_head_names() -> None:
     """verify's image probe, run here (this Debian host has the bundle, as the image must), and a probe answer from
     an image without it."""
-    import json
-
-    from tools.in_pod import image_probe
-    from tools.verify_judgement import image_checks
-
     assert IMAGE_CA_BUNDLE in image_probe.CA_BUNDLES
     found = image_probe.probe(s3=False)
     assert found["ca_bundles"] == [b for b in image_probe.CA_BUNDLES if Path(b).is_file()]

@@ -20,7 +20,7 @@ import serve_config
 from serve_config import application, deployments, pod_templates
 from serve_config.checks import kuberay_resources, problems
 from serve_config.deployments import options_of
-from settings import Settings
+from settings import Settings, catalog
 from settings.catalog import IMAGE_RAY_VERSION
 from tests.conftest import ROOT, rayservice_from, require_serve_deps, synth
 
@@ -519,8 +519,6 @@ def test_ray_hands_the_reasoning_parser_to_vllms_engine(rayservice: dict[str, An
 def test_every_catalog_parser_is_one_vllm_registers() -> None:
     require_serve_deps()
     from vllm.reasoning import ReasoningParserManager
-
-    from settings import catalog
 
     parsers = {spec.reasoning_parser for spec in catalog.MODELS.values()} - {None}
     assert parsers and set(catalog.THINKING_OFF) <= parsers
