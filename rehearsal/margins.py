@@ -43,7 +43,7 @@ CI_0312_C = "2026-12-03, 2 cores, `CI=true bash .ci/run` on a fresh clone of 22d
 CI_0412 = "2026-12-04, 2 cores, `CI=true bash .ci/run` on a fresh clone of c7474c4, the machine otherwise idle"
 # Machines slower than every one CI_BUDGET_S was measured on (the module's docstring): a limit is
 # at least MARGIN over their runs too, but CI's budget does not count them: no run of this suite fits CI's limit there.
-# The CI of 5a78a08 (stop 46) drew one: the aggregated case took 378 s there, and CI stopped it at 90 minutes in the
+# The CI of 5a78a08 drew one: the aggregated case took 378 s there, and CI stopped it at 90 minutes in the
 # scaling case. A local CI run on 2026-12-05 drew a slower one still (pytest 983 s against 598 s, a killed prefill
 # engine's side back after 231 s against 159 s).
 SLOW_CI = "2026-12-05, the CI of 5a78a08 on a machine slower than every CI before it, stopped at 90 min"
