@@ -32,6 +32,9 @@ class StandInServing:
 
     def __init__(self, rendered: list[str]) -> None:
         self.rendered = rendered
+        # Where decode's server hands its count's render to the engine (tests/test_selective_pd_render_once.py runs
+        # vLLM's own); this stand-in's renders do not go through it.
+        self.online_renderer = SimpleNamespace(render_chat=None, render_completion=None)
 
     def _inputs(self, text: str) -> list[dict[str, Any]]:
         from vllm.exceptions import VLLMValidationError
@@ -187,16 +190,16 @@ def test_a_completion_goes_to_completions_on_either_route(server: Any) -> None:
 def test_the_prompt_is_counted_by_the_engines_renderer_not_taken_as_one_token(server: Any) -> None:
     from ray_pods.selective_pd import given_token_count  # imports ray: make test-fast runs without it
 
-    assert asyncio.run(server._count_prompt_tokens(_chat(40))) == 40 + TEMPLATE_TOKENS
-    assert asyncio.run(server._count_prompt_tokens(_completion("three short words"))) == 3 + TEMPLATE_TOKENS
+    assert asyncio.run(server._count_prompt_tokens(_chat(40))).tokens == 40 + TEMPLATE_TOKENS
+    assert asyncio.run(server._count_prompt_tokens(_completion("three short words"))).tokens == 3 + TEMPLATE_TOKENS
     assert server.engine.rendered == ["chat", "completion"]
     # Token ids need no rendering; several prompts in one completion are not counted (Ray's split path).
     assert (
-        asyncio.run(server._count_prompt_tokens(_completion([1, 2, 3, 4, 5])))
+        asyncio.run(server._count_prompt_tokens(_completion([1, 2, 3, 4, 5]))).tokens
         == 5
         == given_token_count(_completion([1, 2, 3, 4, 5]))
     )
-    assert asyncio.run(server._count_prompt_tokens(_completion(["one", "two"]))) is None
+    assert asyncio.run(server._count_prompt_tokens(_completion(["one", "two"]))).tokens is None
     assert server.engine.rendered == ["chat", "completion"]
 
 
