@@ -14,8 +14,10 @@ Two of its defaults do not fit the product, and this class changes only those:
   when the group is removed: when that decode replica goes (a scale-down, an upgrade), prefill's tree dies with
   it, and every other caller's routing calls a dead actor. tests/test_prefix_routing.py shows both. Here the
   actor asks for no CPU, is placed outside any placement group (an explicit scheduling strategy is never
-  captured), prefers the Ray head (a system node, `num-cpus: 0`, no GPU), and is restarted elsewhere if its node
-  goes (`max_restarts=-1`; the tree starts empty again, and routing follows load until it refills).
+  captured), prefers the Ray head (a system node, `num-cpus: 0`, no GPU; it asks for one byte of memory, without
+  which Ray ignores the preference), and is restarted elsewhere if its node goes (`max_restarts=-1`; the tree
+  starts empty again, and routing follows load until it refills). tests/test_prefix_tree_placement.py shows where
+  it lands.
 - **A routing task holding no request.** Serve's own routers include `FIFOMixin`; Ray's prefix router does not
   (serve/_private/request_router/pow_2_router.py against prefix_aware_router.py). A spare routing task then
   asks for a replica with no request (`request_metadata` None), gets one from the cache without awaiting, and
@@ -39,7 +41,9 @@ Two of its defaults do not fit the product, and this class changes only those:
   eviction loop every TREE_RESYNC_S and after the tree comes back; both are no-ops on a tree that has them.
 - **A prompt's length.** The tree keeps what a router puts in it until the eviction loop's next pass (10 s), so
   the text inserted and matched is the prompt's first MAX_TREE_TEXT_CHARS characters: a longer prompt is
-  routed by its beginning.
+  routed by its beginning. Each replica's count of characters is bounded by the router's options
+  (settings/sizing/prefix_tree.py): its share of the head's memory at the worst bytes a character costs, less
+  what one pass's interval can add.
 """
 
 # No `from __future__ import annotations`: Serve may read these signatures at run time.
@@ -62,6 +66,8 @@ logger = logging.getLogger("ray.serve")
 TREE_ACTOR_NAME = "LlmPrefixTreeActor"
 # The resource only the head node has.
 HEAD_NODE_RESOURCE = "node:__internal_head__"
+# The tree actor's resource request: anything above none (tree_actor_options says why).
+TREE_MEMORY_BYTES = 1
 # The longest a routing decision waits for the tree. A match takes a few milliseconds on a live tree; past this
 # the tree is taken as away, and the request goes by load.
 TREE_CALL_TIMEOUT_S = 1.0
@@ -73,8 +79,10 @@ TREE_RETRY_S = 5.0
 TREE_RESYNC_S = 5.0
 # The characters of a prompt the tree sees, about 8,000 tokens of English. What the tree holds grows by what
 # routers insert between two eviction passes, 10 s apart, and a match follows the prompt's beginning (a system
-# prompt, a conversation's first turns), which this keeps. A real tree costs 1.3-2.1 bytes a character for chats
-# and long prompts, 12 for many short distinct ones (tracemalloc, Ray 2.58's PrefixTree).
+# prompt, a conversation's first turns), which this keeps. A real tree costs 1-4 bytes a character for long
+# prompts, tens for short distinct ones, and about 1,050 at worst, a node per character (tracemalloc, Ray 2.58's
+# PrefixTree); the eviction bound is sized from that worst case (settings/sizing/prefix_tree.py, which mirrors
+# this length).
 MAX_TREE_TEXT_CHARS = 32_768
 
 
@@ -89,6 +97,12 @@ def tree_actor_options(namespace: str, head_node_id: str | None) -> dict[str, An
         "get_if_exists": True,
         "lifetime": "detached",
         "num_cpus": 0,
+        # Ray's scheduler puts an actor that asks for no resource at all on a random node whatever its strategy,
+        # unless its node affinity is hard (ClusterResourceScheduler::GetBestSchedulableNode: "The zero cpu actor
+        # is a special case ... except for HARD node affinity"); one byte of memory makes the soft preference
+        # count. Every node offers memory (Ray counts it at start), the head with `num-cpus: 0` included, so the
+        # request never keeps the actor off a node.
+        "memory": TREE_MEMORY_BYTES,
         "scheduling_strategy": strategy,
         "max_restarts": -1,
         "max_task_retries": -1,

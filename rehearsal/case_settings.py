@@ -17,7 +17,7 @@ from rehearsal.keys import KEY_SETTINGS
 # They also split every request (local_prefill_max_tokens 0, as a user who wants every prompt through prefill sets
 # it): their checks, bench and faults measure the KV path with the tiny model's short prompts, which the product's
 # default threshold (4,096 tokens) would prefill on decode. The pd case's selective phase sets a threshold in
-# place and back; the head-loss case keeps the default.
+# place and back; the head-loss case splits every request too (below).
 SERVING_SETTINGS = {**KEY_SETTINGS, "typical_request_tokens": "1024", "local_prefill_max_tokens": "0"}
 # The scaling case: a range on prefill, as a user sets it (README "Scaling": prefill aims at 1 or 2), and one on
 # decode whose target the case's load never reaches (6 clients, 8 a replica): decode's room for the surge
@@ -38,6 +38,16 @@ CASE_SETTINGS: dict[str, dict[str, str]] = {
     "pd": {**SERVING_SETTINGS, **PREFILL_HEADER_KEYS},
     "aggregated": {"serving_mode": "aggregated", **SERVING_SETTINGS},
     "scaling": SCALING_SETTINGS,
-    # The product's defaults (GCS fault tolerance on), sized as the serving cases are; no keys.
-    "head-loss": {"typical_request_tokens": "1024"},
+    # The product's defaults (GCS fault tolerance on), sized as the serving cases are; no keys. Both sides ranged
+    # and every request split, so each request is routed twice by the prefix-aware router (ingress to decode,
+    # decode to prefill), whose trees live on the head the phase kills: routing must not wait for them. Targets no
+    # two-stream load reaches: the case's nodes have room for one replica a side.
+    "head-loss": {
+        "typical_request_tokens": "1024",
+        "local_prefill_max_tokens": "0",
+        "prefill_max_replicas": "2",
+        "prefill_target_ongoing_requests": "8",
+        "decode_max_replicas": "2",
+        "decode_target_ongoing_requests": "8",
+    },
 }

@@ -11,8 +11,13 @@ names, as the product's head names the image's CA bundle (serve_config/pod_templ
 
 The phase kills every process of the head's node (GCS, raylet, dashboard, Serve's controller), as a lost head pod
 does, waits as KubeRay's restart of the container would, and starts the head again: the new head's controller must
-keep every replica. Then the contrast: the same kill, the head started again without the store, as KubeRay starts it
-with gcs_fault_tolerance off; the endpoint must stop answering. tests/test_gcs_ft.py shows the same on Ray alone.
+keep every replica. Both sides are ranged and every request split (rehearsal/case_settings.py), so each request is
+routed twice by the prefix-aware router, whose trees the product puts on the head (ray_pods/prefix_routing.py): the
+phase checks both trees were on the head it kills, and that a request sent while the head is away still gets its
+first token within a bound (margins.FIRST_TOKEN_WITHOUT_HEAD): routing that waits for a lost tree holds every
+request of its process until the head is back. Then the contrast: the same kill, the head started again without
+the store, as KubeRay starts it with gcs_fault_tolerance off; the endpoint must stop answering. tests/test_gcs_ft.py
+shows the same on Ray alone.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from rehearsal import streams
 from rehearsal.cluster import _COMMON, _parents, _ray, kill_namespace_processes, start_worker
 from rehearsal.context import Context
 from rehearsal.gcs_store import tls_redis
-from rehearsal.margins import HEAD_BACK, NO_STORE_STOP
+from rehearsal.margins import FIRST_TOKEN_WITHOUT_HEAD, HEAD_BACK, NO_STORE_STOP
 from rehearsal.network import (
     HEAD_IFACE,
     HEAD_IP,
@@ -74,6 +79,9 @@ HEAD_AWAY_S = 10.0
 # authentication error (node_manager.cc, "GCS returned an authentication error"): up to about a minute after
 # the head is back, and its proxy with them.
 WITHOUT_STORE_QUIET_S = 15.0
+# Ray's tree actor class (routing_policies/prefix_aware/prefix_tree.py), one per routed deployment: prefill, decode.
+PREFIX_TREE = "PrefixTreeActor"
+SIDES = ("prefill", "decode")
 
 
 def kuberay_head_env(rayservice: dict[str, Any], password: str, ca: Path) -> dict[str, str]:
@@ -215,6 +223,23 @@ def _controller_lines(head_dir: Path) -> list[str]:
     return found[:30]
 
 
+def tree_nodes(ctx: Context) -> tuple[str | None, dict[str, str]]:
+    """The head's node id, and each prefix tree's namespace with the node it runs on, from the state API (the
+    dashboard is the head's: ask before it is killed)."""
+    nodes = http(f"{ctx.dashboard}/api/v0/nodes?detail=1&limit=100", headers=ctx.headers)["data"]["result"]["result"]
+    head = next((n["node_id"] for n in nodes if n.get("is_head_node") and n.get("state") == "ALIVE"), None)
+    actors = http(f"{ctx.dashboard}/api/v0/actors?detail=1&limit=1000", headers=ctx.headers)["data"]["result"]["result"]
+    trees = {
+        a["ray_namespace"]: a["node_id"] for a in actors if a["class_name"] == PREFIX_TREE and a["state"] == "ALIVE"
+    }
+    return head, trees
+
+
+def slow_first_tokens(while_away: list[streams.Outcome], within_s: float) -> list[streams.Outcome]:
+    """The requests with no first token within `within_s` of being sent."""
+    return [o for o in while_away if o.first_chunk is None or o.first_chunk - o.started > within_s]
+
+
 def head_loss_check(ctx: Context) -> list[Any]:
     """Streams through the ingress while the head's processes die; the head comes back and Serve's controller
     recovers the app. The traffic stops before the head's restart: what comes after it is the controller's."""
@@ -224,6 +249,7 @@ def head_loss_check(ctx: Context) -> list[Any]:
     before = replica_ids(ctx) or {}
     with streams.Traffic(ctx, STREAMS, MAX_TOKENS) as traffic:
         time.sleep(WARM_S)
+        head, trees = tree_nodes(ctx)
         killed_at = time.monotonic()
         killed = kill_head()
         time.sleep(HEAD_AWAY_S)
@@ -234,6 +260,8 @@ def head_loss_check(ctx: Context) -> list[Any]:
     while_away = [o for o in around if o.started >= killed_at]
     kept = sorted(name for name, ids in after.items() if ids and ids == before.get(name))
     replaced = sorted(name for name in after if name not in kept)
+    slow = slow_first_tokens(while_away, FIRST_TOKEN_WITHOUT_HEAD.limit_s)
+    first_tokens = [o.first_chunk - o.started for o in while_away if o.first_chunk is not None]
     ctx.metrics.update(
         {
             "head_loss_processes_killed": float(killed),
@@ -241,13 +269,15 @@ def head_loss_check(ctx: Context) -> list[Any]:
             "head_loss_answered_while_away": float(sum(o.kind == "ok" for o in while_away)),
             "head_loss_failed": float(sum(o.kind == "error" for o in around)),
             "head_loss_cut": float(sum(o.kind == "cut" for o in around)),
+            "head_loss_slowest_first_token_s": round(max(first_tokens), 2) if first_tokens else None,
         }
     )
     ctx.log_lines += _controller_lines(new_head)
     ctx.log_lines.append(
         f"head killed ({killed} processes), away {away_until - killed_at:.0f} s: from the kill on "
         f"{streams.summary(around)}, {len(while_away)} of them sent while it was away; controller back after {back} s; "
-        f"replicas before {before}, after {after}"
+        f"replicas before {before}, after {after}; prefix trees (namespace: node) {trees}, the head {head}; "
+        f"first tokens of the requests sent while it was away: {_seconds(first_tokens)}"
     )
     engines = [name for name in after if name.startswith(("Prefill:", "Decode:", "LLMServer:"))]
     return [
@@ -260,6 +290,20 @@ def head_loss_check(ctx: Context) -> list[Any]:
             "head lost: new requests are answered while it is away",
             bool(while_away) and all(o.kind == "ok" for o in while_away),
             f"sent in the {HEAD_AWAY_S:.0f} s without a head: {streams.summary(while_away)}",
+        ),
+        # Without it the checks below pass whether or not routing waits for the head: nothing of routing was on it.
+        Check(
+            "head lost: both sides' prefix trees were on the lost head",
+            head is not None and len(trees) == len(SIDES) and all(node == head for node in trees.values()),
+            f"trees {trees}; the head {head}",
+        ),
+        Check(
+            "head lost: every request sent while it is away has its first token within "
+            f"{FIRST_TOKEN_WITHOUT_HEAD.limit_s:.0f} s",
+            bool(while_away) and not slow,
+            f"{len(slow)} of {len(while_away)} later or never ({len(while_away) - len(first_tokens)} never); slowest "
+            + (FIRST_TOKEN_WITHOUT_HEAD.used(max(first_tokens)) if first_tokens else "none")
+            + f"; each: {_seconds(first_tokens)}",
         ),
         Check(
             "head lost: the new head's controller lists the app again",
@@ -275,6 +319,10 @@ def head_loss_check(ctx: Context) -> list[Any]:
             f"kept {kept}; replaced {replaced}",
         ),
     ]
+
+
+def _seconds(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values) + " s" if values else "none"
 
 
 def stopped_answering(outcomes: list[streams.Outcome], back_at: float, now: float) -> float | None:

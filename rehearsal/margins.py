@@ -53,11 +53,19 @@ SCALING_ESTIMATE = "the CI of c7474c4 (2026-12-04) plus the prefix-routing run's
 # Not a run: the aggregated case's slowest (CI_0412, 305 s) with the mix of short and long prompts it sends since
 # 2026-12-05 (9 s alone) at that run's ratio to a local CI run of the case (305 / 163 s).
 AGGREGATED_ESTIMATE = "the CI of c7474c4 (2026-12-04) plus the prompt mix's 9 s alone (2026-12-05) at its ratio"
+HEAD_LOSS_ROUTED = (
+    "2026-12-06, 2 cores, `REHEARSAL_ONLY_PHASES=head_loss_check python -m rehearsal --only head-loss`, both sides "
+    "ranged, every request split and both prefix trees on the head"
+)
 # Not a run: the bound Ray 2.58's raylet liveness check (every 60 s) sets, with the phase's 15 s of quiet.
 RAY_LIVENESS = "Ray 2.58's raylet liveness check every 60 s, and 15 s without an answer: a bound, not a run"
 # The head-loss case with its contrast without the store (CI of d4dc83f: 248 s; alone: 236 s, deploy 130, the two
 # phases 96; the shape before it, watching 15 s longer, took 248 s; without the contrast 183-207 s).
-HEAD_LOSS_SEEN, HEAD_LOSS_CAP = 314.0, 545.0
+# With both sides ranged and every request split (2026-12-06): 381 s on a machine shared with other work (load
+# average 6-12; deploy 231 s, the two phases 119 s), counted as a slower machine's run; the phase itself is as
+# before (47 s; 59-60 s in earlier tries of the same settings alone), the deploy 139-172 s in those tries.
+HEAD_LOSS_SEEN, HEAD_LOSS_CAP = 314.0, 575.0
+HEAD_LOSS_LOADED = "2026-12-06, 2 cores, `python -m rehearsal --only head-loss`, the machine shared with other work"
 HEAD_BACK_SEEN, HEAD_BACK_LIMIT = 30.4, 60.0
 # Seen: 15 s in three runs alone (2026-12-04), over 32 s in the CI of 096140b. The bound is Ray's: a worker's raylet
 # exits at its next liveness check, every 60 s, so at most about 65 s after the head is back, and the phase then
@@ -108,7 +116,7 @@ CASE_CAPS = {
     # (2026-12-05): 791 s alone, 830 s in CI against 803 s in the CI before it; counted here as that CI's 1247 s
     # plus those 27 s at its ratio to this machine (1247 / 803 s), 42 s: an estimate until a slow run shows it.
     "scaling": Limit("the scaling case", 1289.0, SCALING_ESTIMATE, 2310.0, 1535.0, SLOW_LOCAL),
-    "head-loss": Limit("the head-loss case", HEAD_LOSS_SEEN, CI_0412, HEAD_LOSS_CAP, 361.0, SLOW_LOCAL),
+    "head-loss": Limit("the head-loss case", HEAD_LOSS_SEEN, CI_0412, HEAD_LOSS_CAP, 381.0, HEAD_LOSS_LOADED),
     "ucx": Limit("the ucx failure case", 216.0, CI_0412, 390.0, 260.0, SLOW_LOCAL),
     "wrong-side-channel": Limit("the wrong-side-channel failure case", 218.0, CI_0412, 400.0, 240.0, SLOW_LOCAL),
     # 190 s on the slower machine of 2026-12-05; its cap was raised before that run, by ucx's ratio there.
@@ -126,6 +134,15 @@ NODE_RECOVERY = Limit("decode's node lost for 30 s, then answering again", 123.9
 # From the head's kill: the 10 s it stays away, its start, and Serve's controller listing the app again.
 HEAD_BACK = Limit(
     "the head killed, started again, its controller back", HEAD_BACK_SEEN, CI_0412, HEAD_BACK_LIMIT, 39.0, SLOW_LOCAL
+)
+# From a request's start to its first token, for every request sent while the head is away (its prefix trees with
+# it): the first after the kill waits TREE_CALL_TIMEOUT_S (1 s) at each of its two routers, then routing goes by
+# load. A router that waits for the tree holds every request of its process until the head is back and its GCS
+# has declared the old head dead: 36 s with the head back at once, never within the client's 150 s when the head
+# comes back after the traffic as in this phase (the router before its tree calls were bounded, 2026-12-06).
+# Seen: 2.1 s, and 1.16 s in the run that counted the case's time (HEAD_LOSS_LOADED).
+FIRST_TOKEN_WITHOUT_HEAD = Limit(
+    "a request sent while the head (its prefix trees with it) is away: its first token", 2.1, HEAD_LOSS_ROUTED, 10.0
 )
 # From the head's start without its store until the phase sees the endpoint stopped: the workers' raylets exiting
 # at their next liveness check, and the 15 s without a completed request that show it.
@@ -145,7 +162,17 @@ SURGE = Limit(
 )
 ENGINES_IDLE = Limit("both engines idle after 20 clients hung up", 10.5, QUIET, 60.0)
 
-TIMED_CHECKS = (SCALE_UP, SCALE_DOWN, ENGINE_RECOVERY, NODE_RECOVERY, HEAD_BACK, NO_STORE_STOP, SURGE, ENGINES_IDLE)
+TIMED_CHECKS = (
+    SCALE_UP,
+    SCALE_DOWN,
+    ENGINE_RECOVERY,
+    NODE_RECOVERY,
+    HEAD_BACK,
+    FIRST_TOKEN_WITHOUT_HEAD,
+    NO_STORE_STOP,
+    SURGE,
+    ENGINES_IDLE,
+)
 
 # What CI runs besides the rehearsal, for the budget: (the slowest seen, where). Not limits: counted
 # as seen, the caps at their limits. Stress runs (load average 15-27, several other test suites at

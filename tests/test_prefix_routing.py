@@ -73,7 +73,7 @@ def test_the_router_options_serve_reads_are_finite_and_evict_within_each_replica
         kwargs = RequestRouterConfig(**found[engine_deployment_name(settings, side)]).request_router_kwargs
         assert kwargs["imbalanced_threshold"] == imbalance and math.isfinite(kwargs["imbalanced_threshold"])
         assert kwargs["do_eviction"] is True
-        chars = sizing.kv_cache_tokens(settings, side) * sizing.CHARS_PER_TOKEN
+        chars = min(sizing.kv_cache_tokens(settings, side) * sizing.CHARS_PER_TOKEN, sizing.prefix_tree_max_chars())
         assert kwargs["eviction_threshold_chars"] == chars > kwargs["eviction_target_chars"]
 
 

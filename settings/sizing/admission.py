@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from settings.sizing.calibration import PREFILL_MFU_RANGE
 from settings.sizing.memory import kv_cache_tokens, prefill_seconds, vllm_default_max_num_seqs
+from settings.sizing.prefix_tree import PREFIX_TREE_EVICTION_INTERVAL_S, prefix_tree_max_chars
 
 if TYPE_CHECKING:
     from settings.model import Settings
@@ -161,16 +162,19 @@ def prefix_router_kwargs(s: Settings, side: str) -> dict[str, float | int | bool
       queued ahead costs about one, so a replica busier by more than one costs more than its cache saves. Decode:
       the full-length sequences its KV cache holds (at least 1): within that, the busier replica still takes every
       extra request into its running batch, and a step with one sequence more costs little.
-    - eviction: on, and each replica's share of the tree is kept within what its KV cache holds, in characters
-      (Ray's default keeps every prompt forever and its 400,000-character trigger is unrelated to the cache); a
-      prefix the tree remembers past that has most likely been evicted from the engine's prefix cache.
+    - eviction: on, every PREFIX_TREE_EVICTION_INTERVAL_S, and each replica's share of the tree kept within what
+      its KV cache holds, in characters (a prefix the tree remembers past that has most likely been evicted from
+      the engine's prefix cache), and within its share of the head's memory for the trees at the worst bytes a
+      character (settings/sizing/prefix_tree.py), whichever is less. Ray's default keeps every prompt forever,
+      and its 400,000-character trigger is unrelated to either.
     """
     tokens = kv_cache_tokens(s, side)
     imbalance = 1 if side == "prefill" else max(1, tokens // s.max_model_len)
-    chars = tokens * CHARS_PER_TOKEN
+    chars = min(tokens * CHARS_PER_TOKEN, prefix_tree_max_chars())
     return {
         "imbalanced_threshold": float(imbalance),
         "do_eviction": True,
         "eviction_threshold_chars": chars,
         "eviction_target_chars": int(chars * PREFIX_TREE_EVICTION_TARGET_RATIO),
+        "eviction_interval_secs": PREFIX_TREE_EVICTION_INTERVAL_S,
     }
