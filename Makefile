@@ -140,9 +140,10 @@ handoff: synth
 preflight: setup
 	$(BIN)/python -m tools.preflight $(SETTINGS_ARGS) $(PREFLIGHT_ARGS)
 
+# PLAN_ARGS: with a latency target, the traffic to size for: --rate 2 --prompt-tokens 8192 --output-tokens 256.
 ## The KV-transfer budget for the current settings (also printed at synth).
 plan: setup
-	$(BIN)/python -m tools.plan $(SETTINGS_ARGS)
+	$(BIN)/python -m tools.plan $(SETTINGS_ARGS) $(PLAN_ARGS)
 
 # DEPLOYED=deployed.json (the deployed stack's template), PROPOSED defaults to the last `make synth`; CDK_ARGS
 # as for synth. The arguments are checked before the serving environment's install: it classifies the

@@ -325,7 +325,11 @@ class SelectivePDDecodeServer(PDDecodeServer):  # type: ignore[misc]  # Ray ship
 
 
 def build_pd_openai_app(pd_serving_args: dict[str, Any]) -> Application:
-    """Ray's `build_pd_openai_app`, with `SelectivePDDecodeServer` where it names `PDDecodeServer`."""
+    """Ray's `build_pd_openai_app`, with the product's decode class (`SelectivePDDecodeServer`, timed against a
+    latency target) where it names `PDDecodeServer`, and the product's prefill class where it names
+    `PDPrefillServer` (ray_pods/latency_servers.py)."""
+    from ray_pods.latency_servers import LatencyPDDecodeServer, LatencyPrefillServer  # a cycle: built on this module
+
     decode = ray_pd_builder.PDServingArgs.model_validate(pd_serving_args).decode_config
     dp_size = int(decode.engine_kwargs.get("data_parallel_size", 1))
     if dp_size > 1:
@@ -333,9 +337,9 @@ def build_pd_openai_app(pd_serving_args: dict[str, Any]) -> Application:
             f"decode's data_parallel_size is {dp_size}: Ray's builder then runs DPPDDecodeServer, which has no local "
             f"prefill threshold ({THRESHOLD_KEY}); run decode with data_parallel_size 1"
         )
-    rays = ray_pd_builder.PDDecodeServer
-    ray_pd_builder.PDDecodeServer = SelectivePDDecodeServer
+    rays = ray_pd_builder.PDDecodeServer, ray_pd_builder.PDPrefillServer
+    ray_pd_builder.PDDecodeServer, ray_pd_builder.PDPrefillServer = LatencyPDDecodeServer, LatencyPrefillServer
     try:
         return ray_pd_builder.build_pd_openai_app(pd_serving_args)
     finally:
-        ray_pd_builder.PDDecodeServer = rays
+        ray_pd_builder.PDDecodeServer, ray_pd_builder.PDPrefillServer = rays

@@ -24,6 +24,15 @@ from settings import Settings, sizing
 LOCAL_PREFILL_KEY = "local_prefill_max_tokens"
 # A request's override of that choice, `split` or `local` (ROUTE_HEADER there; the same test).
 PREFILL_ROUTE_HEADER = "x-pd-prefill"
+# A side's latency target in its user_config, and the policy that scales on what its replicas report
+# (ray_pods/latency_stats.py TARGET_MS_KEY and TARGET_PERCENTILE_KEY, ray_pods/latency_autoscaling.py PREFILL_POLICY
+# and DECODE_POLICY; a test keeps them equal).
+LATENCY_TARGET_MS_KEY = "latency_target_ms"
+LATENCY_TARGET_PERCENTILE_KEY = "latency_target_percentile"
+LATENCY_POLICIES = {
+    PREFILL: "ray_pods.latency_autoscaling:prefill_latency_policy",
+    DECODE: "ray_pods.latency_autoscaling:decode_latency_policy",
+}
 # The product's prefix-aware router (ray_pods/prefix_routing.py), by import path: Serve imports it where the config
 # is applied and pickles it to every caller of the deployment (serve/config.py, RequestRouterConfig).
 PREFIX_ROUTER = "ray_pods.prefix_routing:PrefixAffinityRouter"
@@ -124,8 +133,33 @@ def engine_options(settings: Settings, side: str) -> dict[str, Any]:
         # Which requests decode prefills itself (ray_pods/selective_pd.py): Serve hands a user_config to the
         # running replicas' reconfigure (NeedsReconfigure), so a new threshold restarts no engine.
         options["user_config"] = {LOCAL_PREFILL_KEY: sizing.local_prefill_threshold(settings)}
+    _scale_on_latency(settings, side, options)
     options["graceful_shutdown_timeout_s"] = timeout
     return options
+
+
+def _scale_on_latency(settings: Settings, side: str, options: dict[str, Any]) -> None:
+    """A side with a latency target: the policy in its autoscaling_config, the target in its user_config.
+
+    The policy is in Serve's code version (deploy_utils.py, get_app_code_version hashes each deployment's
+    autoscaling_config.policy): turning a target on or off restarts every replica of the app, once. So the policy
+    and its kwargs are the same for every target, and the target travels in the user_config, which Serve hands the
+    running replicas' reconfigure (ray_pods/latency_servers.py): a new target or percentile restarts nothing. The
+    settings allow a target only on a side with a range (settings/rules/latency.py), so an autoscaling_config."""
+    target = settings.side_latency_target(side) if side in LATENCY_POLICIES else None
+    if target is None or options["autoscaling_config"] is None:
+        return
+    ms, percentile = target
+    # Serve calls a plain function's policy without its kwargs (serve/config.py, AutoscalingPolicy).
+    options["autoscaling_config"]["policy"] = {"policy_function": LATENCY_POLICIES[side], "policy_kwargs": {}}
+    # No ongoing-requests target: a null one fails Serve's controller as it applies the config (application_state.py,
+    # override_deployment_info compares max_ongoing_requests with it); left out, Serve's default stands, unused.
+    options["autoscaling_config"].pop("target_ongoing_requests", None)
+    options["user_config"] = {
+        **(options.get("user_config") or {}),
+        LATENCY_TARGET_MS_KEY: ms,
+        LATENCY_TARGET_PERCENTILE_KEY: percentile,
+    }
 
 
 def _client_facing(settings: Settings) -> str:

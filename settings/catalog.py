@@ -287,6 +287,13 @@ INSTANCE_TYPES: Mapping[str, InstanceSpec] = MappingProxyType(
 )
 
 
+# Peak memory bandwidth per GPU in bytes/s, by InstanceSpec.gpu_model, for the decode step's estimate
+# (settings/sizing/latency.py): NVIDIA datasheets, L4 300 GB/s, L40S 864 GB/s, A100 40GB SXM 1,555 GB/s,
+# H100 SXM 3.35 TB/s; A10G has no public datasheet, 600 GB/s is the A10's (unconfirmed).
+GPU_MEMORY_BYTES_PER_S: Mapping[str, float] = MappingProxyType(
+    {"L4": 300e9, "L40S": 864e9, "A10G": 600e9, "A100": 1555e9, "H100": 3350e9}
+)
+
 # nodeadm's localStorage strategy RAID0 (amazon-eks-ami setup-local-disks) mounts
 # the array here and moves kubelet's and containerd's state onto it.
 # The Ray GCS store's node types (ElastiCache for Valkey) with their on-demand USD per hour in PRICE_REGION, per

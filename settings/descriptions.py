@@ -9,6 +9,7 @@ the page differs from what this would render.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,8 +22,10 @@ from settings.sizing import (
     GPU_ROOT_MIN_GIB_WITHOUT_INSTANCE_STORE,
     MAX_GPU_MEMORY_UTILIZATION,
     SIDES,
+    decode_itl_floor_ms,
     nlb_longest_request_timeout,
     pod_efa_gbps,
+    prefill_ttft_floor_ms,
 )
 
 
@@ -42,6 +45,9 @@ def _listed(values: Iterable[object]) -> str:
 _BOOL = "true or false"
 # Gbps, in bits: the KV floor alarm's threshold is in GB/s.
 _DEFAULT_POD_EFA_GBPS = min(pod_efa_gbps(Settings(), side) for side in SIDES)
+# The latency targets' floors on the defaults, rounded up as the rule rounds them (settings/rules/latency.py).
+_PREFILL_TTFT_FLOOR_MS = math.ceil(prefill_ttft_floor_ms(Settings()))
+_DECODE_ITL_FLOOR_MS = math.ceil(decode_itl_floor_ms(Settings()))
 
 SETTING_DOCS: dict[str, SettingDoc] = {
     "region": SettingDoc(
@@ -186,12 +192,30 @@ SETTING_DOCS: dict[str, SettingDoc] = {
         unset="fixed",
     ),
     "prefill_target_ongoing_requests": SettingDoc(
-        'the ongoing requests per replica Serve scales a side toward: required when the side has a range, refused when it is fixed, at most the side\'s `max_ongoing_requests` (see "Scaling" for the values to start from)',
-        "above 0 and at most prefill's `max_ongoing_requests`; set exactly when prefill has a range",
+        'the ongoing requests per replica Serve scales a side toward: required when the side has a range and no latency target, refused when it is fixed, at most the side\'s `max_ongoing_requests` (see "Scaling" for the values to start from)',
+        "above 0 and at most prefill's `max_ongoing_requests`; set exactly when prefill has a range and no `prefill_ttft_target_ms`",
     ),
     "decode_target_ongoing_requests": SettingDoc(
-        'the ongoing requests per replica Serve scales a side toward: required when the side has a range, refused when it is fixed, at most the side\'s `max_ongoing_requests` (see "Scaling" for the values to start from)',
-        "above 0 and at most decode's `max_ongoing_requests`; set exactly when decode has a range",
+        'the ongoing requests per replica Serve scales a side toward: required when the side has a range and no latency target, refused when it is fixed, at most the side\'s `max_ongoing_requests` (see "Scaling" for the values to start from)',
+        "above 0 and at most decode's `max_ongoing_requests`; set exactly when decode has a range and no `decode_itl_target_ms`",
+    ),
+    "prefill_ttft_target_ms": SettingDoc(
+        "a time-to-first-token target for prefill, instead of `prefill_target_ongoing_requests`: Serve scales prefill up while more than the percentile's share of its requests take longer at the prefill replica (queue plus compute), down when far fewer do. Only on a side with a range; a change applies in place, turning it on or off restarts the app's replicas (see \"Scaling\")",
+        f"at least one prefill replica's time for the shortest prompt prefill is sent, `typical_request_tokens` or past `local_prefill_max_tokens` ({_PREFILL_TTFT_FLOOR_MS} ms on the defaults; `make plan` prints it) and at most `request_timeout_seconds`; only where prefill has a range, in serving_mode disaggregated, and not with `prefill_target_ongoing_requests`",
+        unset="scale on ongoing requests",
+    ),
+    "prefill_ttft_target_percentile": SettingDoc(
+        "the percentile of prefill's time to first token that `prefill_ttft_target_ms` bounds: at 90, prefill scales up while more than 10% of its requests miss the target",
+        f"{span('prefill_ttft_target_percentile')}; only with `prefill_ttft_target_ms`",
+    ),
+    "decode_itl_target_ms": SettingDoc(
+        "an inter-token-latency target for decode (a request's mean gap between streamed chunks), instead of `decode_target_ongoing_requests`: Serve scales decode up while more than the percentile's share of its requests stream slower, or its KV cache is nearly full, down when far fewer do. Only on a side with a range; a change applies in place, turning it on or off restarts the app's replicas (see \"Scaling\")",
+        f"at least one decode step at decode's `max_ongoing_requests` ({_DECODE_ITL_FLOOR_MS} ms on the defaults; `make plan` prints it) and at most `request_timeout_seconds`; only where decode has a range, in serving_mode disaggregated, and not with `decode_target_ongoing_requests`",
+        unset="scale on ongoing requests",
+    ),
+    "decode_itl_target_percentile": SettingDoc(
+        "the percentile of decode's inter-token latency that `decode_itl_target_ms` bounds: at 90, decode scales up while more than 10% of its requests miss the target",
+        f"{span('decode_itl_target_percentile')}; only with `decode_itl_target_ms`",
     ),
     "typical_request_tokens": SettingDoc(
         "a typical request's prompt plus output tokens: each engine replica takes as many requests at once as its KV cache holds at this length, at most vLLM's `max_num_seqs` (`settings/sizing/admission.py` `max_ongoing_requests`: 12 prefill, 13 decode on the defaults), and each caller queues as many again (64 to `max_model_len`)",

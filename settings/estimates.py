@@ -69,14 +69,15 @@ def gcs_store_cost(s: Settings) -> list[CostLine]:
     return [CostLine(f"{s.gcs_store_node_type} GCS store nodes (ElastiCache for Valkey)", 2, price)]
 
 
+def priced_per_hour(s: Settings, gpu_nodes: int) -> float:
+    """The priced lines summed with the GPU group at that many nodes (a line without a price counts nothing)."""
+    return sum(line.per_hour for line in hourly_cost(s, gpu_nodes) if line.per_hour is not None)
+
+
 def hourly_cost_range(s: Settings) -> tuple[float, float]:
     """The priced lines summed with the GPU group at its minimum and at its maximum."""
-
-    def priced(nodes: int) -> float:
-        return sum(line.per_hour for line in hourly_cost(s, nodes) if line.per_hour is not None)
-
     low, high = sizing.gpu_node_bounds(s)
-    return priced(low), priced(high)
+    return priced_per_hour(s, low), priced_per_hour(s, high)
 
 
 def cost_summary(s: Settings) -> str:

@@ -98,6 +98,14 @@ class Settings:
     decode_max_replicas: int | None = None
     prefill_target_ongoing_requests: float | None = None
     decode_target_ongoing_requests: float | None = None
+    # Or, on a side with a range, a latency target instead of the ongoing-requests one (docs/operations.md,
+    # "Scaling"): prefill scales so that this percentile of its requests' time at the prefill replica (queue and
+    # compute: its share of the time to first token) stays under the target, decode so that this percentile of its
+    # requests' inter-token latency does. None: the ongoing-requests target.
+    prefill_ttft_target_ms: int | None = None
+    prefill_ttft_target_percentile: int = 90
+    decode_itl_target_ms: int | None = None
+    decode_itl_target_percentile: int = 90
     # Backpressure: a typical request's prompt plus output tokens. Each engine replica takes
     # as many requests at once as its KV cache holds at this length, at most vLLM's max_num_seqs
     # (settings/sizing/admission.py max_ongoing_requests); each caller queues as many again, and past that
@@ -213,6 +221,14 @@ class Settings:
 
     def side_target_ongoing_requests(self, side: str) -> float | None:
         return self.prefill_target_ongoing_requests if side == "prefill" else self.decode_target_ongoing_requests
+
+    def side_latency_target(self, side: str) -> tuple[int, int] | None:
+        """A side's latency target as (milliseconds, percentile), or None when it scales on ongoing requests."""
+        if side == "prefill":
+            ms, percentile = self.prefill_ttft_target_ms, self.prefill_ttft_target_percentile
+        else:
+            ms, percentile = self.decode_itl_target_ms, self.decode_itl_target_percentile
+        return None if ms is None else (ms, percentile)
 
     def autoscales(self, side: str) -> bool:
         return self.side_max_replicas(side) > self.side_replicas(side)

@@ -24,6 +24,9 @@ NEEDS: dict[str, dict[str, Any]] = {
         "gpu_placement_group": False,
     },
     "ray_worker_idle_timeout_seconds": {"prefill_max_replicas": 2, "prefill_target_ongoing_requests": 1.0},
+    # A percentile acts only with its side's latency target, on a side with a range.
+    "prefill_ttft_target_percentile": {"prefill_max_replicas": 2, "prefill_ttft_target_ms": 60_000},
+    "decode_itl_target_percentile": {"decode_max_replicas": 2, "decode_itl_target_ms": 1_000},
     "prefill_replicas": {"prefill_max_replicas": 16},
     "decode_replicas": {"decode_max_replicas": 16},
     # Warm nodes lie within the GPU group's range: both sides at 16 leave room for 30.

@@ -55,30 +55,34 @@ def _shape(deployment: Any) -> dict[str, Any]:
 
 @serve
 @one_ray
-def test_the_builder_is_rays_with_the_products_decode_class(template: dict[str, Any], local_ray: None) -> None:
+def test_the_builder_is_rays_with_the_products_two_engine_classes(template: dict[str, Any], local_ray: None) -> None:
     require_serve_deps()
     from ray._common.utils import import_attr
     from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as ray_builder
-    from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
+    from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer, PDPrefillServer
     from ray.serve.llm import build_pd_openai_app as rays
 
+    from ray_pods.latency_servers import LatencyPDDecodeServer, LatencyPrefillServer  # imports ray
     from ray_pods.selective_pd import SelectivePDDecodeServer  # imports ray: make test-fast runs without it
 
     app = _app(template)
     ours = _built(import_attr(app["import_path"]), app["args"])
     theirs = _built(rays, app["args"])
     assert sorted(ours) == sorted(theirs)
-    decode = engine_deployment_name(Settings(), "decode")
-    assert issubclass(ours[decode]._replica_config.deployment_def, SelectivePDDecodeServer)
-    assert theirs[decode]._replica_config.deployment_def is PDDecodeServer
+    decode, prefill = (engine_deployment_name(Settings(), side) for side in ("decode", "prefill"))
+    swapped = {decode: (LatencyPDDecodeServer, PDDecodeServer), prefill: (LatencyPrefillServer, PDPrefillServer)}
+    assert issubclass(LatencyPDDecodeServer, SelectivePDDecodeServer)
+    for name, (mine, its) in swapped.items():
+        assert ours[name]._replica_config.deployment_def is mine and issubclass(mine, its)
+        assert theirs[name]._replica_config.deployment_def is its
     # Everything else is Ray's: the same options, args, actor options and placement, the same classes elsewhere.
     for name in ours:
-        mine, its = _shape(ours[name]), _shape(theirs[name])
-        if name == decode:
-            assert mine.pop("class") == "SelectivePDDecodeServer" and its.pop("class") == "PDDecodeServer"
-        assert mine == its, name
+        mine_shape, its_shape = _shape(ours[name]), _shape(theirs[name])
+        if name in swapped:
+            assert (mine_shape.pop("class"), its_shape.pop("class")) == tuple(c.__name__ for c in swapped[name])
+        assert mine_shape == its_shape, name
     # Ray's module is left as it was found.
-    assert ray_builder.PDDecodeServer is PDDecodeServer
+    assert ray_builder.PDDecodeServer is PDDecodeServer and ray_builder.PDPrefillServer is PDPrefillServer
 
 
 @serve

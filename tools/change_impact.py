@@ -6,9 +6,10 @@ The class is the most disruptive of: in place; replicas restarted; a new Ray clu
 (GPU or system); a stateful resource replaced (tools/template_diff.py's comparison, which pr_guard blocks on).
 
 - Serve: Serve's own controller code on the two serve configs (tools/serve_controller.py): a changed
-  code version restarts every replica; otherwise each deployment's DeploymentVersion tells whether its
-  replicas restart (ray_actor_options, placement groups, max_replicas_per_node) or take the new options
-  in place (num_replicas, autoscaling bounds, queue bounds, drains).
+  code version restarts every replica (the builder's args, a router, an autoscaling policy: a latency
+  target turned on or off); otherwise each deployment's DeploymentVersion tells whether its replicas
+  restart (ray_actor_options, placement groups, max_replicas_per_node) or take the new options in place
+  (num_replicas, autoscaling bounds, queue bounds, drains, a user_config: a new latency target).
 - The Ray cluster: the RayService's rayClusterConfig hash label (serve_config.CLUSTER_CONFIG_LABEL).
 - Nodes: a managed node group rolls its nodes on a new launch template version, ReleaseVersion or
   Version; the properties CloudFormation changes without replacement are otherwise applied in place.

@@ -10,6 +10,7 @@ from settings.model import Settings
 from settings.rules.arns import check_arn_placement
 from settings.rules.effect import check_effect, given_in_code
 from settings.rules.endpoint import check_endpoint_keys, check_internal_endpoint
+from settings.rules.latency import check_latency_targets
 from settings.rules.network import check_network
 from settings.rules.nodes import (
     check_capacity_block,
@@ -54,6 +55,7 @@ def validate(s: Settings, given: Collection[str] | None = None) -> Settings:
     check_prefill_header_keys(s)
     check_observability(s)
     check_backpressure(s)
+    check_latency_targets(s)
     check_arn_placement(s)
     check_effect(s, given_in_code(s) if given is None else given)
     return s

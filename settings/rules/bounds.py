@@ -15,6 +15,10 @@ RANGES: dict[str, tuple[int, int]] = {
     "decode_replicas": (1, 16),
     "prefill_max_replicas": (1, 16),
     "decode_max_replicas": (1, 16),
+    # A latency target's percentile: under the median it scales on the fast half of the requests; above 99,
+    # on the one or two slowest of a replica's look-back window, which is noise.
+    "prefill_ttft_target_percentile": (50, 99),
+    "decode_itl_target_percentile": (50, 99),
     "gpu_warm_nodes": (0, 16),
     "backpressure_retry_after_seconds": (1, 3600),
     "request_timeout_seconds": (30, 86400),

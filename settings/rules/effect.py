@@ -69,6 +69,17 @@ NEEDS: tuple[_Needs, ...] = (
         "set only where some side has a range, prefill_max_replicas or decode_max_replicas above its minimum "
         "(Ray's autoscaler, which removes idle worker pods, runs only then)",
     ),
+    # A percentile is the share of requests a latency target bounds: without the target it bounds nothing.
+    _Needs(
+        "prefill_ttft_target_percentile",
+        lambda s: s.prefill_ttft_target_ms is not None,
+        "set only with prefill_ttft_target_ms (the percentile of prefill's time to first token it bounds)",
+    ),
+    _Needs(
+        "decode_itl_target_percentile",
+        lambda s: s.decode_itl_target_ms is not None,
+        "set only with decode_itl_target_ms (the percentile of decode's inter-token latency it bounds)",
+    ),
     # serve_config/deployments.py gives the router to the prefill and decode deployments only.
     _Needs(
         "prefix_cache_routing",

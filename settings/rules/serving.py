@@ -9,6 +9,7 @@ from settings import catalog
 from settings.model import RAY_CLUSTER_UPGRADES, SERVING_MODES, Settings
 from settings.rules.base import KMS_KEY_ARN, SECRET_NAME, require
 from settings.rules.bounds import span, within
+from settings.rules.latency import LATENCY_KEYS
 from settings.sizing import (
     MAX_GPU_MEMORY_UTILIZATION,
     engine_sides,
@@ -229,12 +230,14 @@ def check_scaling_bounds(s: Settings) -> None:
             target,
             f"unset while {side}_max_replicas is unset or equal to {side}_replicas: a fixed size scales toward nothing",
         )
+        # A latency target (settings/rules/latency.py) is the other thing a range may scale toward.
         require(
-            target is not None or not s.autoscales(side),
+            target is not None or not s.autoscales(side) or s.side_latency_target(side) is not None,
             target_key,
             target,
             f"set when {side}_max_replicas > {side}_replicas: the ongoing requests per replica Serve scales toward "
-            '(Ray LLM\'s default, 1e9, never scales; docs/operations.md, "Scaling")',
+            f"(or set {LATENCY_KEYS[side][0]} instead; Ray LLM's default, 1e9, never scales; docs/operations.md, "
+            '"Scaling")',
         )
 
 

@@ -5,7 +5,8 @@ One home for these numbers: validation (settings/rules/), `plan` and synth
 (settings/estimates.py) and the serve builder (serve_config) read them here, by domain:
 calibration (the public rates), memory (GPU memory and step sizes), root_volume (the GPU node's
 disk and count), transfer (the KV transfer and the verdict), admission (bounds and draining),
-scale_up (the cold start and the scale-up budget) and upgrade (blue/green or recreate). Every
+scale_up (the cold start and the scale-up budget), upgrade (blue/green or recreate) and latency (a
+latency target's floors, and the replicas a request rate needs). Every
 constant has its source beside it; these are planning estimates, and `tools.bench compare` measures
 the real answer on the user's own cluster.
 """
@@ -42,6 +43,14 @@ from settings.sizing.calibration import (
     WORST_FOR_SPLIT,
     Calibration,
 )
+from settings.sizing.latency import (
+    LatencySizing,
+    SideLatencySizing,
+    decode_itl_floor_ms,
+    prefill_floor_prompt_tokens,
+    prefill_ttft_floor_ms,
+    replicas_for_latency_targets,
+)
 from settings.sizing.memory import (
     CUDA_GRAPH_GIB,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -70,6 +79,7 @@ from settings.sizing.memory import (
     vllm_default_max_num_batched_tokens,
     vllm_default_max_num_seqs,
 )
+from settings.sizing.prefix_tree import prefix_tree_max_chars, prefix_trees_budget_bytes
 from settings.sizing.root_volume import (
     AMI_ROOT_SNAPSHOT_GIB,
     GPU_ROOT_GIB_WITH_INSTANCE_STORE,
@@ -194,6 +204,8 @@ __all__ = [
     "Calibration",
     "ColdStart",
     "GpuMemoryPlan",
+    "LatencySizing",
+    "SideLatencySizing",
     "TransferPlan",
     "activation_peak_bytes",
     "aggregated_max_ongoing",
@@ -201,6 +213,7 @@ __all__ = [
     "cluster_deletion_delay_seconds",
     "cold_start",
     "concurrent_sequences",
+    "decode_itl_floor_ms",
     "disaggregation_verdict",
     "download_gbps",
     "engine_admits",
@@ -231,10 +244,15 @@ __all__ = [
     "nlb_deregistration_delay",
     "nlb_longest_request_timeout",
     "pod_efa_gbps",
+    "prefill_floor_prompt_tokens",
     "prefill_max_num_batched_tokens",
     "prefill_seconds",
+    "prefill_ttft_floor_ms",
     "prefix_router_kwargs",
+    "prefix_tree_max_chars",
+    "prefix_trees_budget_bytes",
     "readiness_lag_seconds",
+    "replicas_for_latency_targets",
     "scale_up_budget",
     "scale_up_seconds",
     "seconds_before_any_pull",
