@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import yaml
@@ -40,6 +40,7 @@ from serve_config.deployments import (
 )
 from settings import Settings
 from tests.conftest import rayservice_from, require_serve_deps, synth
+from tests.support.recording_counter import RecordingCounter
 
 pytestmark = pytest.mark.private_internals
 MODEL = "Qwen/Qwen3-8B"
@@ -92,20 +93,6 @@ def test_the_window_counts_the_last_seconds_only() -> None:
 
 
 # The servers.
-
-
-class RecordingCounter:
-    """Ray Serve's Counter as the servers make and increment it."""
-
-    made: ClassVar[list[dict[str, Any]]] = []
-
-    def __init__(self, name: str, description: str = "", tag_keys: tuple[str, ...] = ()) -> None:
-        self.record: dict[str, Any] = {"name": name, "tag_keys": tag_keys, "tags": []}
-        RecordingCounter.made.append(self.record)
-
-    def inc(self, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
-        assert set(tags or {}) <= set(self.record["tag_keys"]), "Ray refuses a tag not in tag_keys"
-        self.record["tags"].append(dict(tags or {}))
 
 
 class StandInEngine:

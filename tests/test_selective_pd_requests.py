@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from tests.conftest import rayservice_from, require_serve_deps
+from tests.support.recording_counter import RecordingCounter
 
 pytestmark = pytest.mark.private_internals
 
@@ -106,20 +107,6 @@ class StandInPrefill:
 
     async def _answer(self) -> AsyncIterator[Any]:
         yield SimpleNamespace(kv_transfer_params=PREFILL_PARAMS)
-
-
-class RecordingCounter:
-    """Ray Serve's Counter as the server makes and increments it."""
-
-    made: ClassVar[list[dict[str, Any]]] = []
-
-    def __init__(self, name: str, description: str = "", tag_keys: tuple[str, ...] = ()) -> None:
-        self.record: dict[str, Any] = {"name": name, "tag_keys": tag_keys, "tags": []}
-        RecordingCounter.made.append(self.record)
-
-    def inc(self, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
-        assert set(tags or {}) <= set(self.record["tag_keys"]), "Ray refuses a tag not in tag_keys"
-        self.record["tags"].append(dict(tags or {}))
 
 
 @pytest.fixture
